@@ -1,0 +1,23 @@
+// Process-wide logging set-up on spdlog: `[rank/world]` in every line, rank 0 logs to the
+// console at the chosen level, other ranks only warnings and errors, and every rank writes
+// <out_dir>/logs/rank_NN.log. Use spdlog::info(...) etc. after init_logging().
+#pragma once
+
+#include <string>
+
+namespace mllm {
+
+// Level from the environment variable MLLM_LOG_LEVEL if set, else `recipe_level`.
+// Accepts trace | debug | info | warn | error. Throws ConfigError for anything else.
+std::string resolve_log_level(const std::string& recipe_level);
+
+// Installs the default logger for this process. `log_dir` empty = console only; else the
+// folder is created and rank_NN.log (NN = rank, two digits) is appended to.
+// Throws mllm::Error if the log file cannot be opened.
+void init_logging(int rank, int world_size, const std::string& level,
+                  const std::string& log_dir = "");
+
+// Flushes every sink (before MPI_Abort / exit).
+void flush_logs();
+
+}  // namespace mllm

@@ -1,0 +1,162 @@
+// The recipe: one YAML file per experiment, read into typed, validated config structs.
+// Every key is declared once (recipe_schema.cpp) with its type, default and help; unknown or
+// misplaced keys, wrong types and out-of-range values are rejected before anything runs.
+// Key reference: docs/recipe.md (generated from the same table by `mllm-train --help-recipe`).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mllm {
+
+struct RunConfig {
+  std::string name = "mini";
+  std::string out_dir = "runs/mini";  // run folder; relative to the working directory
+  int64_t seed = 1337;
+};
+
+struct TokenizerConfig {
+  std::string type = "char";   // registry name: char | bpe
+  int64_t vocab_size = 8000;   // bpe: target vocabulary size (tokens, specials included)
+  int64_t min_count = 1;       // char: drop characters seen fewer times (they become <UNK>)
+  int64_t max_vocab = 0;       // char: keep at most this many tokens (0 = no limit)
+};
+
+struct DataConfig {
+  std::vector<std::string> corpus;       // .txt / .jsonl files or globs, relative to cwd
+  std::string text_field = "text";       // .jsonl field holding the document text
+  std::string doc_separator = "line";    // .txt: line (one doc per line) | blank_line
+  std::string invalid_utf8 = "error";    // error | replace (with U+FFFD)
+  TokenizerConfig tokenizer;
+  std::string cache_dir = "data/cache/mini";  // tokenizer + shards land here
+  double val_fraction = 0.01;            // share of documents held out for validation
+  std::string mode = "packed";           // packed | document
+  int64_t seq_len = 64;                  // tokens per training sequence
+};
+
+struct ModelConfig {
+  std::string type = "minillm";  // registry name: minillm | llama
+  int64_t d_model = 128;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 0;        // llama: key/value heads (0 = n_heads); must divide n_heads
+  int64_t n_layers = 2;
+  int64_t d_ff = 0;              // 0 = family default (minillm 4*d_model; llama SwiGLU rule)
+  double dropout = 0.1;
+  int64_t max_seq_len = 0;       // positions; 0 = data.seq_len
+  double rope_theta = 10000.0;   // llama
+  int64_t multiple_of = 32;      // llama: SwiGLU hidden size rounded up to this
+  double norm_eps = 1e-5;        // LayerNorm / RMSNorm epsilon
+  bool tie_embeddings = false;   // llama: share input embedding and output head
+  double init_std = 0.02;        // normal init std; residual projections / sqrt(2 n_layers)
+};
+
+struct TrainConfig {
+  int64_t max_steps = 2000;      // optimizer steps; the lr schedule always spans these
+  int64_t global_batch = 64;     // sequences per optimizer step, all ranks together
+  int64_t micro_batch = 8;       // sequences per rank per forward pass
+  std::string precision = "fp32";  // fp32 | bf16 (autocast, fp32 master weights)
+  int64_t threads = 0;           // intra-op threads per rank; 0 = auto (cores / local ranks)
+  std::optional<int64_t> stop_at_step;   // end this invocation after this step (checkpointed)
+  std::optional<double> time_limit_s;    // end this invocation after this many seconds
+};
+
+struct OptimConfig {
+  std::string type = "adamw";
+  double lr = 5e-4;              // peak learning rate
+  double weight_decay = 1e-5;
+  std::vector<double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double grad_clip = 1.0;        // max global L2 norm; 0 disables clipping
+  bool decay_bias_and_norm = false;   // apply weight decay to biases and norm weights
+  bool decay_embeddings = false;      // apply weight decay to embedding tables
+};
+
+struct ScheduleConfig {
+  std::string type = "warmup_cosine";  // warmup_cosine | constant | linear
+  int64_t warmup_steps = 100;
+  double min_lr = 5e-5;
+};
+
+struct DistConfig {
+  std::string backend = "auto";  // auto | mpi | nccl | single
+  double bucket_mb = 25.0;       // gradient bucket cap, MiB
+  double timeout_s = 300.0;      // collective timeout before the job is aborted
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 500;     // 0 = only at the end / on signals
+  int64_t keep_last = 3;
+  std::string resume = "auto";   // auto | none | PATH
+};
+
+struct EvalConfig {
+  int64_t every_steps = 200;     // 0 = only at the end
+  int64_t batches = 20;          // val batches of micro_batch x world sequences
+};
+
+struct SampleConfig {
+  int64_t every_steps = 500;     // 0 = only at the end
+  std::vector<std::string> prompts = {"春眠"};
+  int64_t max_new_tokens = 48;
+  double temperature = 0.8;      // 0 = greedy
+  int64_t top_k = 50;            // 0 = off
+  double top_p = 1.0;            // 1 = off
+};
+
+struct LogConfig {
+  int64_t every_steps = 10;
+  std::string level = "info";    // trace | debug | info | warn | error (MLLM_LOG_LEVEL wins)
+};
+
+// A whole experiment. Defaults above are the DESIGN.md defaults.
+struct Recipe {
+  std::vector<std::string> plugins;     // shared libraries to dlopen before building parts
+  std::vector<std::string> callbacks = {"progress", "metrics", "eval", "samples", "checkpoint"};
+  RunConfig run;
+  DataConfig data;
+  ModelConfig model;
+  TrainConfig train;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  DistConfig dist;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+  SampleConfig sample;
+  LogConfig log;
+
+  std::string source;  // the recipe file it was loaded from (not a key)
+
+  // The position table size actually used: model.max_seq_len, or data.seq_len when 0.
+  int64_t max_seq_len() const { return model.max_seq_len > 0 ? model.max_seq_len : data.seq_len; }
+  // Micro-steps per optimizer step for `world_size` ranks. Requires validate_for_world().
+  int64_t accumulation_steps(int world_size) const {
+    return train.global_batch / (train.micro_batch * world_size);
+  }
+};
+
+// Loads, composes (defaults < file < overrides) and validates a recipe. Throws ConfigError
+// naming file:line:col, the key path and what was expected (with a did-you-mean for typos).
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text; `name` appears in errors, includes resolve against `base_dir`.
+Recipe load_recipe_string(const std::string& yaml, const std::string& name = "<string>",
+                          const std::vector<std::string>& overrides = {},
+                          const std::string& base_dir = ".");
+
+// Checks that need the world size: global_batch divisible by micro_batch x world_size.
+// Throws ConfigError with the fix (nearest valid global batches) when it is not.
+void validate_for_world(const Recipe& recipe, int world_size);
+
+// The resolved recipe as YAML text: every key, defaults filled in, in schema order. Loading it
+// back with load_recipe_string() gives an equal Recipe (doubles printed round-trip exact).
+std::string to_yaml(const Recipe& recipe);
+
+// Stable 64-bit FNV-1a hash of to_yaml(recipe) (ranks compare it at start-up).
+uint64_t recipe_hash(const Recipe& recipe);
+
+// Markdown table of every key: path, type, default, help.
+std::string recipe_reference();
+
+}  // namespace mllm

@@ -1,0 +1,224 @@
+// Recipe loading: typos with suggestions, misplaced keys, types, includes and precedence,
+// include cycles, the resolved dump round trip, cross-field rules.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "mllm/core/error.h"
+#include "mllm/core/recipe.h"
+
+namespace fs = std::filesystem;
+using mllm::ConfigError;
+using mllm::load_recipe;
+using mllm::load_recipe_string;
+
+namespace {
+
+const char* kBase = "data: {corpus: [x.txt]}\n";
+
+// Returns the ConfigError message of loading `yaml`, or "" if it loaded.
+std::string error_of(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  try {
+    load_recipe_string(yaml, "r.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("mllm_recipe_test_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    fs::path p = path_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+ private:
+  fs::path path_;
+  static inline int counter_ = 0;
+};
+
+}  // namespace
+
+TEST(Recipe, DefaultsMatchDesign) {
+  auto r = load_recipe_string(kBase);
+  EXPECT_EQ(r.model.d_model, 128);
+  EXPECT_EQ(r.train.global_batch, 64);
+  EXPECT_DOUBLE_EQ(r.optim.lr, 5e-4);
+  EXPECT_EQ(r.optim.betas, (std::vector<double>{0.9, 0.95}));
+  EXPECT_EQ(r.schedule.type, "warmup_cosine");
+  EXPECT_EQ(r.sample.prompts, std::vector<std::string>{"春眠"});
+  EXPECT_FALSE(r.train.stop_at_step.has_value());
+}
+
+TEST(Recipe, TypoGetsSuggestionWithLocation) {
+  std::string msg = error_of(std::string(kBase) + "optim:\n  learnng_rate: 3e-4\n");
+  EXPECT_NE(msg.find("r.yaml:3:3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optim.learnng_rate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean optim.lr?"), std::string::npos) << msg;
+
+  msg = error_of(std::string(kBase) + "model: {d_modle: 64}\n");
+  EXPECT_NE(msg.find("did you mean model.d_model?"), std::string::npos) << msg;
+
+  msg = error_of(std::string(kBase) + "optimizer: {lr: 1.0}\n");
+  EXPECT_NE(msg.find("unknown key 'optimizer'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean optim?"), std::string::npos) << msg;
+}
+
+TEST(Recipe, MisplacedKeyNamesItsHome) {
+  std::string msg = error_of(std::string(kBase) + "model:\n  lr: 1.0e-3\n");
+  EXPECT_NE(msg.find("r.yaml:3:3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model.lr'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("belongs at optim.lr"), std::string::npos) << msg;
+
+  msg = error_of(std::string(kBase) + "seq_len: 32\n");
+  EXPECT_NE(msg.find("belongs at data.seq_len"), std::string::npos) << msg;
+}
+
+TEST(Recipe, ScientificNotationIsDouble) {
+  auto r = load_recipe_string(std::string(kBase) +
+                              "optim: {lr: 3e-4, eps: 1e-4}\nschedule: {min_lr: 2.0e-5}\n");
+  EXPECT_DOUBLE_EQ(r.optim.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(r.optim.eps, 1e-4);
+  EXPECT_DOUBLE_EQ(r.schedule.min_lr, 2e-5);
+}
+
+TEST(Recipe, IntegerKeysRejectNonIntegers) {
+  for (const char* bad : {"8.5", "\"eight\"", "true", "\"8\"", "[8]"}) {
+    std::string msg = error_of(std::string(kBase) + "train: {micro_batch: " + bad + "}\n");
+    EXPECT_NE(msg.find("train.micro_batch"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("expected an integer"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("r.yaml:2:"), std::string::npos) << bad << ": " << msg;
+  }
+  std::string msg = error_of(std::string(kBase) + "optim: {lr: fast}\n");
+  EXPECT_NE(msg.find("expected a number"), std::string::npos) << msg;
+  msg = error_of(std::string(kBase) + "model: {tie_embeddings: 1}\n");
+  EXPECT_NE(msg.find("expected true or false"), std::string::npos) << msg;
+}
+
+TEST(Recipe, RangesAndCrossFieldRules) {
+  std::string msg = error_of(std::string(kBase) + "optim: {lr: -1.0e-3}\n");
+  EXPECT_NE(msg.find("optim.lr: must be > 0"), std::string::npos) << msg;
+  msg = error_of(std::string(kBase) + "model: {d_model: 130, n_heads: 4}\n");
+  EXPECT_NE(msg.find("not divisible by model.n_heads=4"), std::string::npos) << msg;
+  msg = error_of(std::string(kBase) + "train: {max_steps: 50}\nschedule: {warmup_steps: 50}\n");
+  EXPECT_NE(msg.find("schedule.warmup_steps=50 must be < train.max_steps=50"), std::string::npos)
+      << msg;
+  msg = error_of(std::string(kBase) + "train: {global_batch: 60, micro_batch: 8}\n");
+  EXPECT_NE(msg.find("not divisible by train.micro_batch=8"), std::string::npos) << msg;
+  msg = error_of(std::string(kBase) + "data: {mode: stream}\n");
+  EXPECT_NE(msg.find("one of packed | document"), std::string::npos) << msg;
+}
+
+TEST(Recipe, GlobalBatchCheckedAgainstWorldSize) {
+  auto r = load_recipe_string(std::string(kBase) + "train: {global_batch: 64, micro_batch: 8}\n");
+  EXPECT_NO_THROW(mllm::validate_for_world(r, 8));
+  EXPECT_EQ(r.accumulation_steps(2), 4);
+  try {
+    mllm::validate_for_world(r, 3);
+    FAIL() << "world size 3 accepted";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("micro_batch=8 x world size 3 = 24"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("multiple of 24 (e.g. 48 or 72)"), std::string::npos) << msg;
+  }
+}
+
+TEST(Recipe, IncludePrecedenceAndNesting) {
+  TempDir dir;
+  dir.write("configs/model/base.yaml", "model: {d_model: 64, n_heads: 2, n_layers: 3}\n"
+                                       "optim: {lr: 1.0e-3, weight_decay: 0.5}\n");
+  dir.write("configs/model/tiny.yaml",
+            "defaults: [base.yaml]\nmodel: {n_heads: 4}\noptim: {weight_decay: 0.25}\n");
+  std::string recipe = dir.write("recipes/r.yaml",
+                                 "defaults: [../configs/model/tiny.yaml]\n"
+                                 "data: {corpus: [a.txt]}\noptim: {lr: 2.0e-3}\n");
+  auto r = load_recipe(recipe, {"optim.weight_decay=0.125", "data.corpus=[b.txt,c.txt]"});
+  EXPECT_EQ(r.model.d_model, 64);        // from the nested include
+  EXPECT_EQ(r.model.n_heads, 4);         // the include's include is overridden by the include
+  EXPECT_EQ(r.model.n_layers, 3);
+  EXPECT_DOUBLE_EQ(r.optim.lr, 2e-3);    // the recipe beats its defaults
+  EXPECT_DOUBLE_EQ(r.optim.weight_decay, 0.125);  // the command line beats everything
+  EXPECT_EQ(r.data.corpus, (std::vector<std::string>{"b.txt", "c.txt"}));
+}
+
+TEST(Recipe, ErrorInIncludeNamesThatFile) {
+  TempDir dir;
+  std::string inc = dir.write("inc.yaml", "model:\n  n_layer: 3\n");
+  std::string recipe = dir.write("r.yaml", "defaults: [inc.yaml]\ndata: {corpus: [a.txt]}\n");
+  try {
+    load_recipe(recipe);
+    FAIL();
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(inc + ":2:3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did you mean model.n_layers?"), std::string::npos) << msg;
+  }
+}
+
+TEST(Recipe, OverrideErrorsNameTheCommandLine) {
+  std::string msg = error_of(kBase, {"optim.lr=abc"});
+  EXPECT_NE(msg.find("<command line> optim.lr=abc"), std::string::npos) << msg;
+  msg = error_of(kBase, {"optim.lrr=0.1"});
+  EXPECT_NE(msg.find("did you mean optim.lr?"), std::string::npos) << msg;
+  msg = error_of(kBase, {"optim.lr"});
+  EXPECT_NE(msg.find("expected key.path=value"), std::string::npos) << msg;
+}
+
+TEST(Recipe, IncludeCycleIsReported) {
+  TempDir dir;
+  dir.write("a.yaml", "defaults: [b.yaml]\n");
+  dir.write("b.yaml", "defaults: [a.yaml]\n");
+  std::string recipe = dir.write("r.yaml", "defaults: [a.yaml]\ndata: {corpus: [x.txt]}\n");
+  try {
+    load_recipe(recipe);
+    FAIL();
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("include cycle"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a.yaml -> "), std::string::npos) << msg;
+  }
+}
+
+TEST(Recipe, MissingIncludeAndSyntaxError) {
+  std::string msg = error_of("defaults: [nope.yaml]\n");
+  EXPECT_NE(msg.find("nope.yaml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
+  msg = error_of("model: {d_model: 3\n");
+  EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
+}
+
+TEST(Recipe, ResolvedDumpRoundTrips) {
+  auto r = load_recipe_string(
+      "data: {corpus: [a.jsonl, 'b c.txt'], seq_len: 32}\n"
+      "optim: {lr: 3e-4, betas: [0.9, 0.999], eps: 1e-8}\n"
+      "train: {stop_at_step: 7, threads: 2, global_batch: 16, micro_batch: 4}\n"
+      "sample: {prompts: ['春眠', 'x: y']}\nschedule: {min_lr: 0.1e-5}\n");
+  std::string dumped = mllm::to_yaml(r);
+  auto back = load_recipe_string(dumped, "resolved.yaml");
+  EXPECT_EQ(mllm::to_yaml(back), dumped);
+  EXPECT_EQ(back.data.corpus, r.data.corpus);
+  EXPECT_EQ(back.optim.lr, r.optim.lr);  // bit-exact
+  EXPECT_EQ(back.schedule.min_lr, 1e-6);
+  EXPECT_EQ(back.optim.betas, r.optim.betas);
+  EXPECT_EQ(back.train.stop_at_step, std::optional<int64_t>(7));
+  EXPECT_EQ(back.train.threads, 2);
+  EXPECT_EQ(back.sample.prompts, r.sample.prompts);
+  EXPECT_EQ(mllm::recipe_hash(back), mllm::recipe_hash(r));
+  EXPECT_NE(mllm::recipe_hash(back), mllm::recipe_hash(load_recipe_string(kBase)));
+}
+
+TEST(Recipe, ThreadsAuto) {
+  EXPECT_EQ(load_recipe_string(std::string(kBase) + "train: {threads: auto}\n").train.threads, 0);
+  EXPECT_NE(error_of(std::string(kBase) + "train: {threads: 0}\n").find("or auto"),
+            std::string::npos);
+}
