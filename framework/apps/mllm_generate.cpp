@@ -1,1 +1,58 @@
-int main() { return 0; }
+// mllm-generate --checkpoint DIR --prompt TEXT: continues a prompt with a trained model,
+// streaming the text to stdout as it is generated.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "mllm/core/recipe.h"
+#include "mllm/data/tokenizer.h"
+#include "mllm/model/generate.h"
+#include "mllm/model/model.h"
+#include "mllm/train/app.h"
+#include "mllm/train/builtins.h"
+#include "mllm/train/checkpoint.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mllm-generate: continue a prompt with a model from an mllm checkpoint.",
+               "mllm-generate"};
+  std::string checkpoint, prompt;
+  mllm::GenerateOptions opt;
+  opt.top_k = 50;
+  int64_t threads = 0;
+  app.add_option("--checkpoint", checkpoint,
+                 "checkpoint folder (checkpoints/step_NNNNNN), or a run folder / checkpoints "
+                 "folder (uses `latest`)")->required();
+  app.add_option("--prompt", prompt, "text to continue")->required();
+  app.add_option("--max-new-tokens", opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--temperature", opt.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", opt.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", opt.top_p, "nucleus sampling mass; 1 = off")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", opt.seed, "sampling seed")->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  return mllm::run_guarded("mllm-generate", [&] {
+    mllm::register_builtins();
+    const std::string folder = mllm::find_resume_checkpoint(checkpoint, "").value();
+    mllm::Recipe recipe = mllm::load_recipe_string(mllm::read_checkpoint_recipe(folder),
+                                                   folder + "/recipe.yaml");
+    if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+    auto tokenizer = mllm::load_tokenizer(mllm::checkpoint_tokenizer_path(folder));
+    auto model = mllm::model_registry().create(recipe.model.type, recipe.model,
+                                               tokenizer->vocab_size(), recipe.max_seq_len());
+    mllm::load_model_weights(folder, *model);
+    model->eval();
+    torch::NoGradGuard no_grad;
+
+    std::vector<int64_t> ids{mllm::kBosId};
+    for (int32_t id : tokenizer->encode(prompt)) ids.push_back(id);
+    opt.eos_id = mllm::kEosId;
+    mllm::IncrementalDecoder decoder(tokenizer);
+    std::cout << prompt << std::flush;
+    mllm::generate(*model, ids, opt, [&](int64_t id) {
+      std::cout << decoder.push(static_cast<int32_t>(id)) << std::flush;
+    });
+    std::cout << decoder.flush() << std::endl;
+    return 0;
+  });
+}

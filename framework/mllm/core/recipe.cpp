@@ -2,6 +2,7 @@
 // misplaced and mistyped keys with their source location, then checks cross-field rules.
 #include "mllm/core/recipe.h"
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -192,26 +193,47 @@ uint64_t recipe_hash(const Recipe& recipe) {
 }
 
 namespace {
-void reference_rows(const KeySpec& s, const std::string& prefix, std::ostringstream& os) {
+// Calls fn(path, spec) for every key (leaf) in schema order.
+void visit_keys(const KeySpec& s, const std::string& prefix,
+                const std::function<void(const std::string&, const KeySpec&)>& fn) {
   for (const auto& c : s.children) {
     std::string p = prefix.empty() ? c.name : prefix + "." + c.name;
-    if (c.is_section()) {
-      reference_rows(c, p, os);
-      continue;
-    }
-    YAML::Emitter e;
-    e.SetOutputCharset(YAML::EmitNonAscii);
-    e << YAML::Flow << c.write();
-    os << "| `" << p << "` | " << c.type << " | `" << e.c_str() << "` | " << c.help << " |\n";
+    if (c.is_section()) visit_keys(c, p, fn);
+    else fn(p, c);
   }
 }
+
+std::string flow_text(const KeySpec& key) {
+  YAML::Emitter e;
+  e.SetOutputCharset(YAML::EmitNonAscii);
+  e << YAML::Flow << key.write();
+  return e.c_str();
+}
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> flatten(const Recipe& recipe) {
+  Recipe copy = recipe;
+  std::vector<std::pair<std::string, std::string>> out;
+  visit_keys(detail::recipe_schema(copy), "",
+             [&](const std::string& p, const KeySpec& k) { out.emplace_back(p, flow_text(k)); });
+  return out;
+}
+
+std::vector<RecipeDifference> recipe_diff(const Recipe& a, const Recipe& b) {
+  auto fa = flatten(a), fb = flatten(b);
+  std::vector<RecipeDifference> out;
+  for (std::size_t i = 0; i < fa.size(); ++i)
+    if (fa[i].second != fb[i].second) out.push_back({fa[i].first, fa[i].second, fb[i].second});
+  return out;
+}
 
 std::string recipe_reference() {
   Recipe r;
   std::ostringstream os;
   os << "| key | type | default | meaning |\n|---|---|---|---|\n";
-  reference_rows(detail::recipe_schema(r), "", os);
+  visit_keys(detail::recipe_schema(r), "", [&](const std::string& p, const KeySpec& k) {
+    os << "| `" << p << "` | " << k.type << " | `" << flow_text(k) << "` | " << k.help << " |\n";
+  });
   return os.str();
 }
 

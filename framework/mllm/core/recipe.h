@@ -156,6 +156,16 @@ std::string to_yaml(const Recipe& recipe);
 // Stable 64-bit FNV-1a hash of to_yaml(recipe) (ranks compare it at start-up).
 uint64_t recipe_hash(const Recipe& recipe);
 
+// Every key as "path" -> value in YAML flow style ("optim.lr" -> "0.0005"), in schema order.
+std::vector<std::pair<std::string, std::string>> flatten(const Recipe& recipe);
+
+// One differing key between two recipes: path, value in `a`, value in `b`.
+struct RecipeDifference {
+  std::string key, a, b;
+};
+// Keys whose values differ, in schema order.
+std::vector<RecipeDifference> recipe_diff(const Recipe& a, const Recipe& b);
+
 // Markdown table of every key: path, type, default, help.
 std::string recipe_reference();
 

@@ -1,0 +1,57 @@
+// AdamW with decay / no-decay parameter groups, and the optimizer registry.
+#include "mllm/optim/optimizer.h"
+
+#include "mllm/core/error.h"
+
+namespace mllm {
+
+namespace {
+bool decays(const OptimConfig& cfg, const NamedParam& p) {
+  if (p.is_embedding) return cfg.decay_embeddings;
+  if (p.param.dim() < 2) return cfg.decay_bias_and_norm;
+  return true;
+}
+}  // namespace
+
+std::pair<std::vector<std::string>, std::vector<std::string>> weight_decay_split(
+    const OptimConfig& cfg, const std::vector<NamedParam>& params) {
+  std::vector<std::string> decay, no_decay;
+  for (const auto& p : params) (decays(cfg, p) ? decay : no_decay).push_back(p.name);
+  return {decay, no_decay};
+}
+
+OptimizerRegistry& optimizer_registry() {
+  static OptimizerRegistry registry("optimizer");
+  return registry;
+}
+
+void register_builtin_optimizers() {
+  optimizer_registry().add("adamw", [](const OptimConfig& cfg,
+                                       const std::vector<NamedParam>& params) {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& p : params) (decays(cfg, p) ? decay : no_decay).push_back(p.param);
+    auto options = [&](double wd) {
+      auto o = std::make_unique<torch::optim::AdamWOptions>(cfg.lr);
+      o->betas(std::make_tuple(cfg.betas.at(0), cfg.betas.at(1))).eps(cfg.eps).weight_decay(wd);
+      return o;
+    };
+    // Both groups always exist so that optimizer state keeps the same layout across runs.
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options(cfg.weight_decay));
+    groups.emplace_back(no_decay, options(0.0));
+    return std::make_shared<torch::optim::AdamW>(std::move(groups),
+                                                 torch::optim::AdamWOptions(cfg.lr));
+  });
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) {
+    auto& o = group.options();
+    if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) a->lr(lr);
+    else if (auto* b = dynamic_cast<torch::optim::AdamOptions*>(&o)) b->lr(lr);
+    else if (auto* c = dynamic_cast<torch::optim::SGDOptions*>(&o)) c->lr(lr);
+    else throw Error("set_lr: unsupported optimizer options type; extend mllm::set_lr");
+  }
+}
+
+}  // namespace mllm

@@ -1,0 +1,43 @@
+// Optimizer factory by `optim.type` (adamw) with parameter groups: by default no weight decay
+// for biases, norm weights (any 1-D parameter) and embedding tables, as in nanoGPT / GPT-2.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "mllm/core/recipe.h"
+#include "mllm/core/registry.h"
+
+namespace mllm {
+
+// A named parameter and whether it is an embedding table (decides its weight-decay group).
+struct NamedParam {
+  std::string name;
+  torch::Tensor param;
+  bool is_embedding = false;
+};
+
+// Splits parameters into [decayed, not decayed] following `cfg`: 1-D tensors (biases, norm
+// weights) decay only with decay_bias_and_norm, embeddings only with decay_embeddings.
+// Returns the two name lists in parameter order (for logging and tests).
+std::pair<std::vector<std::string>, std::vector<std::string>> weight_decay_split(
+    const OptimConfig& cfg, const std::vector<NamedParam>& params);
+
+// Factory: (optim section, parameters) -> optimizer with two groups (decay, no decay), lr set
+// to optim.lr (the schedule overwrites it every step via set_lr()).
+using OptimizerRegistry =
+    Registry<torch::optim::Optimizer, const OptimConfig&, const std::vector<NamedParam>&>;
+OptimizerRegistry& optimizer_registry();
+
+// Registers "adamw" (torch::optim::AdamW: Loshchilov & Hutter 2019, decoupled weight decay).
+void register_builtin_optimizers();
+
+// Sets the learning rate of every parameter group. Throws mllm::Error for an optimizer whose
+// options type has no lr this function knows (AdamW, Adam, SGD are known).
+void set_lr(torch::optim::Optimizer& opt, double lr);
+
+}  // namespace mllm

@@ -1,0 +1,50 @@
+// Training callbacks: plugins that watch the loop (progress bar, metrics, eval, samples,
+// checkpoints). Chosen by name in the recipe's `callbacks:` list and run in that order, on every
+// rank (a callback that does collective work — eval, checkpoint — relies on that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mllm/core/recipe.h"
+#include "mllm/core/registry.h"
+
+namespace mllm {
+
+class Trainer;
+
+// What one optimizer step did. Times are milliseconds on this rank; loss is the global mean
+// over real target tokens (identical on all ranks).
+struct StepMetrics {
+  int64_t step = 0;            // optimizer steps completed (1-based after the first step)
+  int64_t tokens = 0;          // tokens processed so far, all ranks (input positions)
+  int64_t target_tokens = 0;   // real (non-PAD) target tokens in this step's global batch
+  double loss = 0;             // nats per target token
+  double lr = 0;
+  double grad_norm = 0;        // global L2 norm before clipping
+  double tokens_per_s = 0;     // all ranks, this step
+  double mfu = 0;              // model FLOPs utilisation, 0..1 (see Trainer::peak_flops)
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, step_ms = 0;
+};
+
+// Why the loop ended.
+enum class StopReason { kMaxSteps, kStopAtStep, kTimeLimit, kSignal };
+const char* to_string(StopReason r);
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_begin(Trainer&) {}
+  virtual void on_step_end(Trainer&, const StepMetrics&) {}
+  virtual void on_train_end(Trainer&, StopReason) {}
+};
+
+// Factory: (recipe) -> callback.
+using CallbackRegistry = Registry<Callback, const Recipe&>;
+CallbackRegistry& callback_registry();
+
+// Registers progress, metrics, eval, samples, checkpoint.
+void register_builtin_callbacks();
+
+}  // namespace mllm

@@ -1,0 +1,163 @@
+// Built-in callbacks: progress bar, metrics (console + metrics.jsonl), eval, samples, checkpoint.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "mllm/train/callback.h"
+#include "mllm/train/trainer.h"
+
+namespace mllm {
+namespace {
+
+using json = nlohmann::json;
+
+// True when `every` > 0 and `step` is a multiple of it.
+bool due(int64_t step, int64_t every) { return every > 0 && step % every == 0; }
+
+// "step 120/2000 [=====>        ] 6% loss 3.214 lr 4.9e-04 12.3k tok/s eta 3m05s" on one
+// terminal line, redrawn in place (rank 0, only when stderr is a terminal).
+class ProgressCallback : public Callback {
+ public:
+  explicit ProgressCallback(const Recipe& r)
+      : max_steps_(r.train.max_steps), log_every_(r.log.every_steps) {}
+  void on_train_begin(Trainer& t) override {
+    enabled_ = t.comm().rank() == 0 && isatty(STDERR_FILENO);
+    first_step_ = t.step();
+  }
+  void on_step_end(Trainer& t, const StepMetrics& m) override {
+    if (!enabled_) return;
+    if (due(m.step, log_every_)) {
+      // Log lines follow on this step: leave them a clean line; the next step redraws.
+      fmt::print(stderr, "\r\033[K");
+      return;
+    }
+    const int width = 24;
+    const double frac = static_cast<double>(m.step) / static_cast<double>(max_steps_);
+    const int filled = static_cast<int>(frac * width);
+    const double rate = (m.step - first_step_) / std::max(1e-9, t.seconds_running());
+    const int64_t eta_s = static_cast<int64_t>((max_steps_ - m.step) / std::max(1e-9, rate));
+    std::string bar(static_cast<std::size_t>(filled), '=');
+    if (filled < width) bar += '>';
+    bar.resize(width, ' ');
+    fmt::print(stderr, "\r\033[Kstep {}/{} [{}] {:3.0f}% loss {:.3f} lr {:.2e} {:.1f}k tok/s eta {}m{:02d}s",
+               m.step, max_steps_, bar, 100 * frac, m.loss, m.lr, m.tokens_per_s / 1000,
+               eta_s / 60, eta_s % 60);
+    std::fflush(stderr);
+  }
+  void on_train_end(Trainer&, StopReason) override {
+    if (enabled_) fmt::print(stderr, "\r\033[K");
+  }
+
+ private:
+  int64_t max_steps_, log_every_;
+  int64_t first_step_ = 0;
+  bool enabled_ = false;
+};
+
+// Every log.every_steps: one console line and one metrics.jsonl object.
+class MetricsCallback : public Callback {
+ public:
+  explicit MetricsCallback(const Recipe& r) : every_(r.log.every_steps) {}
+  void on_step_end(Trainer& t, const StepMetrics& m) override {
+    if (!due(m.step, every_) && m.step != t.recipe().train.max_steps) return;
+    spdlog::info("step {:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "mfu {:.1f}% | fwd {:.0f} bwd {:.0f} comm {:.0f} opt {:.0f} ms",
+                 m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.forward_ms,
+                 m.backward_ms, m.comm_ms, m.optimizer_ms);
+    json j = {{"step", m.step},           {"tokens", m.tokens},
+              {"loss", m.loss},           {"lr", m.lr},
+              {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
+              {"mfu", m.mfu},             {"forward_ms", m.forward_ms},
+              {"backward_ms", m.backward_ms}, {"comm_ms", m.comm_ms},
+              {"optimizer_ms", m.optimizer_ms}, {"step_ms", m.step_ms}};
+    t.write_metrics_line(j.dump());
+  }
+
+ private:
+  int64_t every_;
+};
+
+void run_eval(Trainer& t) {
+  EvalMetrics e = t.evaluate();
+  spdlog::info("eval step {:>6} | val loss {:.4f} | val ppl {:.2f} | {} tokens", e.step,
+               e.val_loss, e.val_ppl, e.tokens);
+  t.write_metrics_line(json({{"step", e.step}, {"val_loss", e.val_loss}, {"val_ppl", e.val_ppl}}).dump());
+}
+
+// Every eval.every_steps and at the end of the run: val loss and perplexity (collective).
+class EvalCallback : public Callback {
+ public:
+  explicit EvalCallback(const Recipe& r) : every_(r.eval.every_steps) {}
+  void on_step_end(Trainer& t, const StepMetrics& m) override {
+    if (due(m.step, every_) && m.step != t.recipe().train.max_steps) run_eval(t);
+  }
+  void on_train_end(Trainer& t, StopReason reason) override {
+    if (reason == StopReason::kMaxSteps) run_eval(t);
+  }
+
+ private:
+  int64_t every_;
+};
+
+// Every sample.every_steps and at the end: rank 0 continues the prompts into samples.txt.
+class SamplesCallback : public Callback {
+ public:
+  explicit SamplesCallback(const Recipe& r) : every_(r.sample.every_steps) {}
+  void on_step_end(Trainer& t, const StepMetrics& m) override {
+    if (due(m.step, every_) && m.step != t.recipe().train.max_steps) sample(t);
+  }
+  void on_train_end(Trainer& t, StopReason reason) override {
+    if (reason == StopReason::kMaxSteps) sample(t);
+  }
+
+ private:
+  void sample(Trainer& t) {
+    if (t.comm().rank() != 0) return;
+    std::ofstream out(t.run_dir() + "/samples.txt", std::ios::app);
+    for (const auto& text : t.generate_samples()) {
+      spdlog::info("sample step {}: {}", t.step(), text);
+      out << "=== step " << t.step() << "\n" << text << "\n";
+    }
+  }
+  int64_t every_;
+};
+
+// Every checkpoint.every_steps and at the end (collective).
+class CheckpointCallback : public Callback {
+ public:
+  explicit CheckpointCallback(const Recipe& r) : every_(r.checkpoint.every_steps) {}
+  void on_step_end(Trainer& t, const StepMetrics& m) override {
+    if (due(m.step, every_)) t.save_checkpoint();
+  }
+  void on_train_end(Trainer& t, StopReason) override { t.save_checkpoint(); }
+
+ private:
+  int64_t every_;
+};
+
+template <typename T>
+void add(const char* name) {
+  callback_registry().add(name, [](const Recipe& r) { return std::make_shared<T>(r); });
+}
+
+}  // namespace
+
+CallbackRegistry& callback_registry() {
+  static CallbackRegistry registry("callback");
+  return registry;
+}
+
+void register_builtin_callbacks() {
+  add<ProgressCallback>("progress");
+  add<MetricsCallback>("metrics");
+  add<EvalCallback>("eval");
+  add<SamplesCallback>("samples");
+  add<CheckpointCallback>("checkpoint");
+}
+
+}  // namespace mllm

@@ -1,0 +1,326 @@
+// Atomic, verified checkpoints: temporary folder -> fsync -> rename -> `latest`.
+#include "mllm/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "mllm/core/error.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mllm {
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "latest";
+
+// fsync a file or folder so a crash after rename cannot leave a renamed-but-empty file.
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw CheckpointError("cannot open " + p.string() + " to fsync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw CheckpointError("fsync failed for " + p.string());
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw CheckpointError("cannot write " + p.string() + " (disk full or read-only?)");
+  fsync_path(p);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read " + p.string() + ": missing or unreadable");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+uint32_t file_crc32(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw CheckpointError("cannot read " + p.string());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(in.gcount()));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// The folder name `latest` points at, trimmed; "" when there is no `latest`.
+std::string read_latest(const fs::path& checkpoints_dir) {
+  if (!fs::exists(checkpoints_dir / kLatest)) return "";
+  std::string name = read_text(checkpoints_dir / kLatest);
+  name.erase(name.find_last_not_of(" \n\r\t") + 1);
+  return name;
+}
+
+std::string rng_file(int rank) { return fmt::format("rng_rank_{:02d}.pt", rank); }
+
+// Steps of the step_NNNNNN folders under dir, newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step_", 0) == 0 && name.size() > 5 &&
+        std::all_of(name.begin() + 5, name.end(), ::isdigit))
+      out.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+void write_manifest(const fs::path& dir) {
+  json files = json::object();
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.path().filename() == kManifest) continue;
+    files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                           {"crc32", file_crc32(e.path())}};
+  }
+  json m = {{"format", "mllm-checkpoint"}, {"version", 1}, {"files", files}};
+  write_text(dir / kManifest, m.dump(2) + "\n");
+}
+
+void save_module(torch::nn::Module& model, const fs::path& p) {
+  torch::serialize::OutputArchive archive;
+  model.save(archive);
+  archive.save_to(p.string());
+  fsync_path(p);
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step_{:06d}", step); }
+
+std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
+                            const TrainState& state, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
+                            const std::string& tokenizer_path, int64_t keep_last) {
+  const fs::path dir(checkpoints_dir);
+  const fs::path final_dir = dir / checkpoint_name(state.step);
+  const fs::path tmp_dir = dir / (".tmp_" + checkpoint_name(state.step));
+  if (comm.rank() == 0) {
+    fs::create_directories(dir);
+    fs::remove_all(tmp_dir);  // left over by a process killed mid-save
+    fs::create_directories(tmp_dir);
+  }
+  // Why: every rank writes its RNG file into tmp_dir, which rank 0 must have created first.
+  comm.barrier();
+  {
+    const fs::path p = tmp_dir / rng_file(comm.rank());
+    torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+    torch::save(rng, p.string());
+    fsync_path(p);
+  }
+  if (comm.rank() == 0) {
+    save_module(model, tmp_dir / "model.pt");
+    torch::save(optimizer, (tmp_dir / "optimizer.pt").string());
+    fsync_path(tmp_dir / "optimizer.pt");
+    export_safetensors(model, (tmp_dir / "model.safetensors").string());
+    json st = {{"step", state.step},
+               {"tokens", state.tokens},
+               {"sampler", {{"epoch", state.sampler.epoch},
+                            {"step_in_epoch", state.sampler.step_in_epoch}}},
+               {"world_size", state.world_size},
+               {"elapsed_s", state.elapsed_s},
+               {"lr", state.lr},
+               {"tokenizer_fingerprint", fmt::format("{:016x}", state.tokenizer_fingerprint)}};
+    write_text(tmp_dir / "state.json", st.dump(2) + "\n");
+    write_text(tmp_dir / "recipe.yaml", recipe_yaml);
+    if (!tokenizer_path.empty()) {
+      const fs::path tok = tmp_dir / ("tokenizer" + fs::path(tokenizer_path).extension().string());
+      fs::copy_file(tokenizer_path, tok, fs::copy_options::overwrite_existing);
+      fsync_path(tok);
+    }
+  }
+  // Why: the manifest must list every rank's RNG file, so all writes finish first.
+  comm.barrier();
+  if (comm.rank() == 0) {
+    write_manifest(tmp_dir);
+    fsync_path(tmp_dir);
+    fs::remove_all(final_dir);  // a stale folder of the same step from an abandoned run
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(dir);
+    // `latest` moves last, atomically: a crash before this line leaves the previous one.
+    const fs::path latest_tmp = dir / ".latest.tmp";
+    write_text(latest_tmp, checkpoint_name(state.step) + "\n");
+    fs::rename(latest_tmp, dir / kLatest);
+    fsync_path(dir);
+    auto all = list_checkpoints(dir);
+    for (std::size_t i = static_cast<std::size_t>(keep_last); i < all.size(); ++i)
+      fs::remove_all(all[i].second);
+  }
+  // Why: no rank may go on (and perhaps be killed) believing a save happened before it did.
+  comm.barrier();
+  return final_dir.string();
+}
+
+void verify_checkpoint(const std::string& folder) {
+  const fs::path dir(folder);
+  if (!fs::is_directory(dir)) throw CheckpointError("checkpoint " + folder + ": no such folder");
+  json m;
+  try {
+    m = json::parse(read_text(dir / kManifest));
+  } catch (const json::exception& e) {
+    throw CheckpointError("checkpoint " + folder + ": manifest.json is unreadable (" + e.what() +
+                          "); the save was probably interrupted");
+  }
+  if (!m.contains("files") || !m["files"].is_object())
+    throw CheckpointError("checkpoint " + folder + ": manifest.json lists no files");
+  for (const auto& [name, info] : m["files"].items()) {
+    const fs::path p = dir / name;
+    if (!fs::exists(p)) throw CheckpointError("checkpoint file " + p.string() + " is missing");
+    const auto bytes = fs::file_size(p);
+    if (bytes != info.at("bytes").get<uint64_t>())
+      throw CheckpointError(fmt::format("checkpoint file {} is truncated or altered: {} bytes, "
+                                        "manifest says {}", p.string(), bytes,
+                                        info.at("bytes").get<uint64_t>()));
+    if (file_crc32(p) != info.at("crc32").get<uint32_t>())
+      throw CheckpointError("checkpoint file " + p.string() +
+                            " fails its CRC-32 check (corrupted on disk)");
+  }
+}
+
+std::optional<std::string> find_resume_checkpoint(const std::string& resume,
+                                                  const std::string& checkpoints_dir) {
+  if (resume == "none") return std::nullopt;
+  if (resume != "auto") {
+    fs::path p(resume);
+    if (fs::exists(p / kLatest)) p = p / read_latest(p);
+    else if (fs::exists(p / "checkpoints" / kLatest)) p = p / "checkpoints" / read_latest(p / "checkpoints");
+    verify_checkpoint(p.string());
+    return p.string();
+  }
+  const fs::path dir(checkpoints_dir);
+  const std::string latest = read_latest(dir);
+  auto all = list_checkpoints(dir);
+  // Try `latest` first, then every other folder newest first.
+  std::stable_partition(all.begin(), all.end(),
+                        [&](const auto& c) { return c.second.filename() == latest; });
+  for (const auto& [step, path] : all) {
+    try {
+      verify_checkpoint(path.string());
+      if (path.filename() != latest)
+        spdlog::warn("resuming from {} instead of latest ({})", path.string(),
+                     latest.empty() ? "missing" : latest);
+      return path.string();
+    } catch (const CheckpointError& e) {
+      spdlog::warn("skipping checkpoint {}: {}", path.string(), e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+TrainState read_train_state(const std::string& folder) {
+  const fs::path p = fs::path(folder) / "state.json";
+  try {
+    json st = json::parse(read_text(p));
+    TrainState s;
+    s.step = st.at("step").get<int64_t>();
+    s.tokens = st.at("tokens").get<int64_t>();
+    s.sampler.epoch = st.at("sampler").at("epoch").get<int64_t>();
+    s.sampler.step_in_epoch = st.at("sampler").at("step_in_epoch").get<int64_t>();
+    s.world_size = st.at("world_size").get<int>();
+    s.elapsed_s = st.at("elapsed_s").get<double>();
+    s.lr = st.at("lr").get<double>();
+    s.tokenizer_fingerprint = std::stoull(st.at("tokenizer_fingerprint").get<std::string>(),
+                                          nullptr, 16);
+    return s;
+  } catch (const json::exception& e) {
+    throw CheckpointError("checkpoint file " + p.string() + " is malformed: " + e.what());
+  }
+}
+
+std::string read_checkpoint_recipe(const std::string& folder) {
+  return read_text(fs::path(folder) / "recipe.yaml");
+}
+
+std::string checkpoint_tokenizer_path(const std::string& folder) {
+  for (const auto& e : fs::directory_iterator(folder))
+    if (e.path().stem() == "tokenizer") return e.path().string();
+  throw CheckpointError("checkpoint " + folder + " holds no tokenizer file");
+}
+
+void load_model_weights(const std::string& folder, torch::nn::Module& model) {
+  const fs::path p = fs::path(folder) / "model.pt";
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(p.string());
+    model.load(archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError("cannot load weights from " + p.string() + ": " + e.what_without_backtrace());
+  }
+}
+
+void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& optimizer) {
+  const fs::path p = fs::path(folder) / "optimizer.pt";
+  try {
+    torch::load(optimizer, p.string());
+  } catch (const c10::Error& e) {
+    throw CheckpointError("cannot load optimizer state from " + p.string() + ": " +
+                          e.what_without_backtrace());
+  }
+}
+
+bool load_rng_state(const std::string& folder, int rank) {
+  const fs::path p = fs::path(folder) / rng_file(rank);
+  if (!fs::exists(p)) return false;
+  torch::Tensor state;
+  try {
+    torch::load(state, p.string());
+  } catch (const c10::Error& e) {
+    throw CheckpointError("cannot load RNG state from " + p.string() + ": " +
+                          e.what_without_backtrace());
+  }
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+  return true;
+}
+
+void export_safetensors(torch::nn::Module& model, const std::string& path) {
+  json header = json::object();
+  std::vector<torch::Tensor> blobs;
+  uint64_t offset = 0;
+  for (const auto& item : model.named_parameters()) {
+    torch::Tensor t = item.value().detach().contiguous().cpu();
+    const char* dtype = t.scalar_type() == torch::kBFloat16 ? "BF16" : "F32";
+    if (t.scalar_type() != torch::kBFloat16) t = t.to(torch::kFloat32);
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[item.key()] = {{"dtype", dtype}, {"shape", t.sizes().vec()},
+                          {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    blobs.push_back(t);
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "mllm"}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = text.size();  // little-endian on every platform we build for (x86-64, arm64)
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& t : blobs)
+    out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+  out.close();
+  if (!out) throw CheckpointError("cannot write " + path);
+  fsync_path(path);
+}
+
+}  // namespace mllm

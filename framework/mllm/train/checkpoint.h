@@ -1,0 +1,79 @@
+// Checkpoints: one folder per save (checkpoints/step_NNNNNN/) holding everything needed to
+// resume exactly, written atomically (temporary folder, fsync, rename; `latest` moves last) and
+// verified on load against a manifest of sizes and CRC-32 checksums.
+//
+// Folder contents:
+//   model.pt            weights (torch::serialize archive, parameter names as in the model)
+//   model.safetensors   the same weights for Python (safetensors layout, see docs/checkpoints.md)
+//   optimizer.pt        optimizer state (AdamW moments and step counts)
+//   state.json          step, tokens, sampler position, world size, elapsed seconds, lr, ...
+//   rng_rank_NN.pt      each rank's CPU generator state (dropout)
+//   recipe.yaml         the resolved recipe of the run that saved it
+//   tokenizer.<ext>     a copy of the tokenizer file
+//   manifest.json       every file above with its size in bytes and CRC-32
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "mllm/data/sampler.h"
+#include "mllm/dist/communicator.h"
+
+namespace mllm {
+
+// The non-tensor training state saved in state.json.
+struct TrainState {
+  int64_t step = 0;              // optimizer steps completed
+  int64_t tokens = 0;            // tokens processed so far (global, input positions)
+  SamplerState sampler;          // global sampler position after `step` steps
+  int world_size = 1;            // world size of the run that saved
+  double elapsed_s = 0;          // training wall time so far, seconds (all invocations)
+  double lr = 0;                 // lr of the last step taken (informational)
+  uint64_t tokenizer_fingerprint = 0;
+};
+
+// Name of the folder for `step`: "step_000500".
+std::string checkpoint_name(int64_t step);
+
+// Saves a checkpoint of `step` under `checkpoints_dir`. Collective: every rank calls it with its
+// own module/optimizer (identical across ranks) and writes its RNG state; rank 0 writes the rest.
+// Keeps the newest `keep_last` checkpoints. Returns the final folder path.
+// Throws CheckpointError (IO failure, naming the file) on any rank; callers abort the job.
+std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
+                            const TrainState& state, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
+                            const std::string& tokenizer_path, int64_t keep_last);
+
+// Checks the manifest: every listed file present, same size, same CRC-32.
+// Throws CheckpointError naming the folder and the first bad file (missing, truncated,
+// checksum mismatch) or a missing/unparsable manifest.
+void verify_checkpoint(const std::string& folder);
+
+// Picks the checkpoint to resume from. `resume`: "none" -> nullopt; "auto" -> the folder named
+// by checkpoints_dir/latest if it verifies, else the newest step_* folder that verifies (with a
+// warning naming what was skipped and why), else nullopt; any other value is a path (a
+// checkpoint folder, or a checkpoints dir / run dir containing `latest`) that must verify —
+// otherwise CheckpointError.
+std::optional<std::string> find_resume_checkpoint(const std::string& resume,
+                                                  const std::string& checkpoints_dir);
+
+// Readers for a verified folder. Each throws CheckpointError naming the file on failure.
+TrainState read_train_state(const std::string& folder);
+std::string read_checkpoint_recipe(const std::string& folder);     // recipe.yaml text
+std::string checkpoint_tokenizer_path(const std::string& folder);  // tokenizer.* path
+void load_model_weights(const std::string& folder, torch::nn::Module& model);
+void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& optimizer);
+// Restores this rank's generator; returns false (state untouched) if the file for `rank` is
+// absent (resuming at another world size).
+bool load_rng_state(const std::string& folder, int rank);
+
+// Writes `model`'s parameters as a .safetensors file (all F32 unless the tensors are BF16):
+// 8-byte little-endian header size, JSON header {name: {dtype, shape, data_offsets}}, raw data.
+// Format: https://github.com/huggingface/safetensors (README "Format").
+void export_safetensors(torch::nn::Module& model, const std::string& path);
+
+}  // namespace mllm

@@ -1,0 +1,114 @@
+// The Trainer: builds every part of a run from the recipe through the registries (tokenizer,
+// datasets, model, DataParallel, optimizer, lr schedule, sampler, callbacks) and runs the loop
+//   micro-steps (forward, backward; gradients all-reduced on the last) -> finish sync ->
+//   clip -> optimizer step -> lr schedule -> callbacks
+// with exact resume from checkpoints and early, checkpointed stops (signals, time limits).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "mllm/core/recipe.h"
+#include "mllm/data/dataset.h"
+#include "mllm/data/sampler.h"
+#include "mllm/data/tokenizer.h"
+#include "mllm/dist/communicator.h"
+#include "mllm/dist/data_parallel.h"
+#include "mllm/model/model.h"
+#include "mllm/optim/lr_schedule.h"
+#include "mllm/train/callback.h"
+#include "mllm/train/checkpoint.h"
+
+namespace mllm {
+
+// Result of one evaluation: mean loss over every real target token of the val batches seen.
+struct EvalMetrics {
+  int64_t step = 0;
+  double val_loss = 0;   // nats per token
+  double val_ppl = 0;    // exp(val_loss)
+  int64_t tokens = 0;    // target tokens evaluated, all ranks
+};
+
+class Trainer {
+ public:
+  // Validates the recipe for comm's world size, prepares the data if needed (rank 0 tokenizes
+  // while the other ranks wait), builds all parts, and resumes per checkpoint.resume.
+  // Writes nothing before the recipe and world size are known to be valid.
+  // Throws ConfigError / DataError / CheckpointError (bad input) or Error.
+  Trainer(Recipe recipe, std::shared_ptr<Communicator> comm);
+  ~Trainer();
+
+  // Trains until train.max_steps, train.stop_at_step, train.time_limit_s or SIGTERM/SIGINT.
+  // Every early stop saves a checkpoint first. Returns why it stopped.
+  StopReason run();
+
+  // Collective: mean val loss over eval.batches batches of micro_batch sequences per rank.
+  EvalMetrics evaluate();
+  // Collective: saves a checkpoint of the current step (no-op if this step is already saved).
+  // Returns the folder.
+  std::string save_checkpoint();
+  // Rank 0 only: continues each sample.prompts entry; returns the texts (prompt + continuation).
+  std::vector<std::string> generate_samples();
+  // Appends one JSON object as a line to <out_dir>/metrics.jsonl (rank 0 only; others no-op).
+  void write_metrics_line(const std::string& json_line);
+
+  const Recipe& recipe() const { return recipe_; }
+  Communicator& comm() { return *comm_; }
+  LanguageModel& model() { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  int64_t step() const { return state_.step; }
+  const std::string& run_dir() const { return run_dir_; }
+  std::string checkpoints_dir() const { return run_dir_ + "/checkpoints"; }
+  // Peak FLOP/s of the whole job (per-rank measured matmul peak x world size), for MFU.
+  double peak_flops() const { return peak_flops_; }
+  // Seconds since this invocation's loop started.
+  double seconds_running() const;
+
+ private:
+  void build();
+  void resume_from(const std::string& folder);
+  StepMetrics train_step();
+  bool stop_requested(double local_flag);
+
+  Recipe recipe_;
+  std::shared_ptr<Communicator> comm_;
+  std::string run_dir_;
+  std::string tokenizer_path_;
+  std::shared_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TokenDataset> train_data_, val_data_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::shared_ptr<LanguageModel> model_;
+  std::unique_ptr<DataParallel> dp_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<LrSchedule> schedule_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::ofstream metrics_;
+  TrainState state_;
+  int64_t last_saved_step_ = -1;
+  int64_t flops_per_token_ = 0;
+  double peak_flops_ = 0;
+  double elapsed_at_start_s_ = 0;
+  std::chrono::steady_clock::time_point loop_start_;
+  bool pending_stop_ = false;
+};
+
+// Threads per rank for train.threads (0 = auto: hardware threads / ranks on this node, >= 1).
+int resolve_threads(int64_t threads, int local_size);
+
+// This process's matmul throughput in FLOP/s at the current thread count and dtype
+// (a 1024^3 GEMM timed a few times; the MFU denominator).
+double measure_peak_flops(bool bf16);
+
+// Installs SIGTERM/SIGINT handlers that request a checkpointed stop at the end of the step.
+void install_stop_signal_handlers();
+// True once SIGTERM or SIGINT arrived in this process.
+bool stop_signal_received();
+
+}  // namespace mllm

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# README command A: installs the dependencies, builds, fetches the Tang corpus and trains
+# recipes/mini.yaml with 8 ranks on this machine. Extra arguments go to mllm-train as
+# overrides, e.g. launch/quickstart.sh train.max_steps=100.
+#   NP=8 (ranks)   BUILD_DIR=build   RECIPE=recipes/mini.yaml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NP=${NP:-8}
+BUILD_DIR=${BUILD_DIR:-build}
+RECIPE=${RECIPE:-recipes/mini.yaml}
+case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+
+launch/install-deps.sh
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target mllm-train mllm-prepare mllm-generate
+launch/fetch-corpus.sh
+launch/mpirun.sh -np "$NP" "$BUILD_DIR/bin/mllm-train" "$RECIPE" "$@"
