@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
       std::cout << mllm::to_yaml(recipe);
       return 0;
     }
+    // Checked before MPI starts, from the launcher's world size: every rank fails the same
+    // way, prints nothing twice, and no rank needs MPI_Abort.
+    mllm::validate_for_world(recipe, mllm::launcher_rank_and_size().second);
     auto comm = mllm::make_communicator(recipe.dist);
     mllm::Trainer trainer(recipe, comm);
     trainer.run();

@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -131,6 +133,9 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
   }
   if (comm.rank() == 0) {
     save_module(model, tmp_dir / "model.pt");
+    // Fault injection for the crash-safety test: die mid-save, as a node failure would.
+    if (const char* k = std::getenv("MLLM_FAULT_KILL_AT_CHECKPOINT_STEP"))
+      if (std::to_string(state.step) == k) ::raise(SIGKILL);
     torch::save(optimizer, (tmp_dir / "optimizer.pt").string());
     fsync_path(tmp_dir / "optimizer.pt");
     export_safetensors(model, (tmp_dir / "model.safetensors").string());

@@ -1,0 +1,30 @@
+# Shared helpers for the end-to-end scripts (sourced). ctest sets MLLM_BIN and MLLM_SOURCE_DIR
+# and the OpenMPI variables (run as root, oversubscription).
+set -euo pipefail
+: "${MLLM_BIN:?set by ctest}" "${MLLM_SOURCE_DIR:?set by ctest}"
+WORK=$(mktemp -d /tmp/mllm_e2e.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+CACHE="$WORK/cache"
+RECIPE="$MLLM_SOURCE_DIR/tests/assets/tiny.yaml"
+CORPUS="$MLLM_SOURCE_DIR/data/tang300/tang300.jsonl"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# train NP OUT_DIR [overrides...]: runs mllm-train with NP ranks (1 = no mpirun).
+train() {
+  local np=$1 out=$2; shift 2
+  local cmd=("$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$out" "data.cache_dir=$CACHE"
+             "data.corpus=[$CORPUS]" "$@")
+  if [ "$np" -eq 1 ]; then "${cmd[@]}"; else mpirun -np "$np" --bind-to none "${cmd[@]}"; fi
+}
+
+# field FILE KEY: the KEY values of metrics.jsonl lines that have a "loss", one per line "step value".
+field() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    o = json.loads(line)
+    if "loss" in o:
+        print(o["step"], repr(o[sys.argv[2]]))
+PY
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# SIGTERM mid-run saves a loadable checkpoint and exits 0; the run then resumes from it, and
+# mllm-generate can load it.
+source "$(dirname "$0")/common.sh"
+OUT="$WORK/run"
+train 1 "$OUT" train.max_steps=100000 checkpoint.every_steps=0 eval.every_steps=0 \
+  > "$WORK/log" 2>&1 &
+PID=$!
+for _ in $(seq 1 600); do  # wait (at most 60 s) until a few steps are done
+  [ -f "$OUT/metrics.jsonl" ] && [ "$(wc -l < "$OUT/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$PID"
+set +e; wait "$PID"; code=$?; set -e
+[ "$code" -eq 0 ] || { cat "$WORK/log" >&2; fail "exit code $code after SIGTERM"; }
+grep -q "received SIGTERM" "$WORK/log" || fail "no stop message"
+latest=$(cat "$OUT/checkpoints/latest")
+step=$((10#${latest#step_}))
+[ "$step" -ge 3 ] || fail "checkpoint at step $step"
+train 1 "$OUT" train.max_steps=100000 "train.stop_at_step=$((step + 2))" > "$WORK/log2" 2>&1 \
+  || fail "resume after SIGTERM"
+grep -q "resumed from .*$latest at step $step" "$WORK/log2" || fail "did not resume from $latest"
+"$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --max-new-tokens 5 --seed 1 \
+  > "$WORK/gen" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "mllm-generate"; }
+grep -q "^春" "$WORK/gen" || fail "generated text does not start with the prompt"
+echo PASS
