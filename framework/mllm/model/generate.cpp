@@ -90,7 +90,9 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
   KVCache cache;
   auto feed = [&](size_t from) {  // runs context[from..] through the cache -> last logits [V]
     const int64_t n = static_cast<int64_t>(context.size() - from);
-    auto ids = torch::from_blob(context.data() + from, {1, n}, torch::kLong).to(device, true);
+    // Copy: the blob is `context`'s storage, which the next push_back may move.
+    auto ids = torch::from_blob(context.data() + from, {1, n}, torch::kLong)
+                   .to(device, /*non_blocking=*/false, /*copy=*/true);
     auto logits = model.forward_cached(ids, cache);
     return logits.select(1, n - 1).squeeze(0).to(torch::kCPU, torch::kFloat);
   };
