@@ -1,0 +1,91 @@
+// Multi-head / grouped-query causal self-attention and rotary position embeddings.
+#include "mllm/model/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "mllm/core/error.h"
+
+namespace mllm {
+
+Rotary::Rotary(int64_t head_dim, int64_t max_seq_len, double theta) {
+  MLLM_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary head_dim must be even");
+  // Same float32 arithmetic as Meta's precompute_freqs_cis, so tables agree to the last bit
+  // or two with the PyTorch reference.
+  auto exponents = torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) /
+                   static_cast<double>(head_dim);
+  auto inv_freq = 1.0 / torch::pow(theta, exponents);                    // [head_dim/2]
+  auto pos = torch::arange(max_seq_len, torch::kFloat);                  // [max_seq_len]
+  auto angles = torch::outer(pos, inv_freq);                             // [max_seq_len, hd/2]
+  cos_ = torch::cos(angles);
+  sin_ = torch::sin(angles);
+}
+
+torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t offset) const {
+  const int64_t seq = x.size(1);
+  if (offset + seq > cos_.size(0))
+    throw Error("rotary embedding: positions up to " + std::to_string(offset + seq - 1) +
+                " requested but the model supports max_seq_len=" + std::to_string(cos_.size(0)));
+  const auto dev = x.device();
+  // [seq, 1, hd/2]: broadcast over batch and heads of x [batch, seq, heads, head_dim].
+  auto cos = cos_.narrow(0, offset, seq).to(dev).unsqueeze(1);
+  auto sin = sin_.narrow(0, offset, seq).to(dev).unsqueeze(1);
+  auto pairs = x.to(torch::kFloat).reshape({x.size(0), seq, x.size(2), x.size(3) / 2, 2});
+  auto x0 = pairs.select(-1, 0);
+  auto x1 = pairs.select(-1, 1);
+  auto out = torch::stack({x0 * cos - x1 * sin, x0 * sin + x1 * cos}, -1).flatten(-2);
+  return out.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const AttentionOptions& options)
+    : options_(options), head_dim_(options.d_model / options.n_heads) {
+  MLLM_CHECK(options.n_heads > 0 && options.d_model % options.n_heads == 0,
+             "attention: d_model must be divisible by n_heads");
+  MLLM_CHECK(options.n_kv_heads > 0 && options.n_heads % options.n_kv_heads == 0,
+             "attention: n_kv_heads must divide n_heads");
+  const int64_t d = options.d_model, kv = options.n_kv_heads * head_dim_;
+  namespace nn = torch::nn;
+  q_proj = register_module("q_proj", nn::Linear(nn::LinearOptions(d, d).bias(options.bias)));
+  k_proj = register_module("k_proj", nn::Linear(nn::LinearOptions(d, kv).bias(options.bias)));
+  v_proj = register_module("v_proj", nn::Linear(nn::LinearOptions(d, kv).bias(options.bias)));
+  o_proj = register_module("o_proj", nn::Linear(nn::LinearOptions(d, d).bias(options.bias)));
+  attn_drop_ = register_module("attn_drop", nn::Dropout(options.attn_dropout));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
+                                     const Rotary* rope, int64_t offset, torch::Tensor* cache_k,
+                                     torch::Tensor* cache_v) {
+  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t h = options_.n_heads, kvh = options_.n_kv_heads, hd = head_dim_;
+  auto q = q_proj(x).view({b, t, h, hd});
+  auto k = k_proj(x).view({b, t, kvh, hd});
+  auto v = v_proj(x).view({b, t, kvh, hd}).transpose(1, 2);
+  if (rope != nullptr) {
+    q = rope->apply(q, offset);
+    k = rope->apply(k, offset);
+  }
+  q = q.transpose(1, 2);  // [b, h, t, hd]
+  k = k.transpose(1, 2);  // [b, kvh, t, hd]
+  if (cache_k != nullptr) {
+    if (cache_k->defined()) {
+      k = torch::cat({*cache_k, k}, 2);
+      v = torch::cat({*cache_v, v}, 2);
+    }
+    *cache_k = k;
+    *cache_v = v;
+  }
+  if (kvh != h) {
+    k = k.repeat_interleave(h / kvh, 1);
+    v = v.repeat_interleave(h / kvh, 1);
+  }
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+  // float32 softmax even under bf16 autocast; -1e9 rather than -inf keeps all-masked rows
+  // finite (uniform), exactly as the PyTorch reference.
+  scores = scores.to(torch::kFloat).masked_fill(blocked, -1e9);
+  auto attn = torch::softmax(scores, -1);
+  if (options_.attn_dropout > 0) attn = attn_drop_(attn);
+  auto out = torch::matmul(attn.to(v.scalar_type()), v);  // [b, h, t, hd]
+  return o_proj(out.transpose(1, 2).reshape({b, t, h * hd}));
+}
+
+}  // namespace mllm

@@ -1,0 +1,114 @@
+// LanguageModel's shared parts: parameter counting, masks, cache bookkeeping, weight init and
+// the model registry.
+#include "mllm/model/model.h"
+
+#include <cmath>
+#include <unordered_set>
+
+#include "mllm/core/error.h"
+#include "mllm/model/llama.h"
+#include "mllm/model/minillm.h"
+
+namespace mllm {
+
+int64_t LanguageModel::num_params() const {
+  std::unordered_set<const void*> seen;
+  int64_t n = 0;
+  for (const auto& p : parameters()) {
+    if (!p.requires_grad()) continue;
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  }
+  return n;
+}
+
+bool LanguageModel::is_embedding(const std::string& param_name) const {
+  return param_name == "tok_emb.weight" || param_name == "pos_emb.weight";
+}
+
+ModelRegistry& model_registry() {
+  static ModelRegistry registry("model");
+  return registry;
+}
+
+void register_builtin_models() {
+  auto& r = model_registry();
+  r.add("minillm", [](const ModelConfig& c, int64_t vocab, int64_t max_seq_len) {
+    return std::make_shared<MiniLLM>(MiniLLMOptions::from_config(c, vocab, max_seq_len));
+  });
+  r.add("llama", [](const ModelConfig& c, int64_t vocab, int64_t max_seq_len) {
+    return std::make_shared<Llama>(LlamaOptions::from_config(c, vocab, max_seq_len));
+  });
+}
+
+namespace detail {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
+                  const std::vector<std::string>& residual_suffixes) {
+  torch::NoGradGuard no_grad;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(n_layers));
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (p.dim() == 1 && name.find("norm") != std::string::npos) {
+      p.fill_(1.0);
+    } else {
+      bool residual = false;
+      for (const auto& s : residual_suffixes) residual = residual || ends_with(name, s);
+      p.normal_(0.0, residual ? residual_std : std);
+    }
+  }
+}
+
+torch::Tensor blocked_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset) {
+  const int64_t b = key_pad.size(0), s = key_pad.size(1);
+  // Query i (absolute position offset + i) may see key j when j <= offset + i.
+  auto future = torch::ones({query_len, s}, key_pad.options()).triu(offset + 1);
+  return future.view({1, 1, query_len, s}) | key_pad.view({b, 1, 1, s});
+}
+
+void check_tokens(const torch::Tensor& tokens, int64_t offset, int64_t max_seq_len,
+                  const char* what) {
+  if (!tokens.defined() || tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
+    throw Error(std::string(what) + ": tokens must be a [batch, seq] int64 tensor, got " +
+                (tokens.defined() ? std::to_string(tokens.dim()) + "-d " +
+                                        std::string(c10::toString(tokens.scalar_type()))
+                                  : std::string("an undefined tensor")));
+  if (tokens.size(0) < 1 || tokens.size(1) < 1)
+    throw Error(std::string(what) + ": empty token batch [" + std::to_string(tokens.size(0)) +
+                ", " + std::to_string(tokens.size(1)) + "]");
+  if (offset + tokens.size(1) > max_seq_len)
+    throw Error(std::string(what) + ": " + std::to_string(offset) + " cached + " +
+                std::to_string(tokens.size(1)) + " new tokens exceed max_seq_len=" +
+                std::to_string(max_seq_len) +
+                "; crop the input or raise model.max_seq_len (positions are learned/rotated "
+                "only up to it)");
+}
+
+torch::Tensor extend_key_pad(KVCache& cache, const torch::Tensor& tokens, int64_t n_layers) {
+  auto pad = tokens.eq(kPadId);
+  if (cache.length == 0) {
+    cache.k.assign(static_cast<size_t>(n_layers), torch::Tensor());
+    cache.v.assign(static_cast<size_t>(n_layers), torch::Tensor());
+    cache.key_pad = pad;
+  } else {
+    if (cache.key_pad.size(0) != tokens.size(0) ||
+        static_cast<int64_t>(cache.k.size()) != n_layers)
+      throw Error("forward_cached: the cache holds " + std::to_string(cache.key_pad.size(0)) +
+                  " sequences of " + std::to_string(cache.k.size()) + " layers, got a batch of " +
+                  std::to_string(tokens.size(0)) + " for a model of " + std::to_string(n_layers) +
+                  " layers; clear() the cache for a new batch");
+    cache.key_pad = torch::cat({cache.key_pad, pad}, 1);
+  }
+  return cache.key_pad;
+}
+
+}  // namespace detail
+}  // namespace mllm

@@ -1,0 +1,116 @@
+// The language-model interface every model family implements, its KV cache, and the model
+// registry (`model.type` in the recipe: minillm, llama; plugins may add more).
+// Families live in minillm.h / llama.h; the shared attention code in attention.h.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mllm/core/recipe.h"
+#include "mllm/core/registry.h"
+
+namespace mllm {
+
+// Token id of padding. Keys equal to it are masked in attention and targets equal to it are
+// ignored by the loss. Matches the data area's int32 PAD id (mllm/data/tokenizer.h), which the
+// model does not include: layers only point down.
+inline constexpr int64_t kPadId = 0;
+
+// Keys and values of every layer for incremental decoding (see LanguageModel::forward_cached).
+// Start with a default-constructed (empty) cache; one cache serves one batch of sequences.
+struct KVCache {
+  std::vector<torch::Tensor> k, v;  // per layer: [batch, n_kv_heads, length, head_dim]
+  torch::Tensor key_pad;            // [batch, length] bool: true where the cached token is kPadId
+  int64_t length = 0;               // positions cached so far (the next token's position)
+
+  // Empties the cache (the next forward_cached starts again at position 0).
+  void clear() {
+    k.clear();
+    v.clear();
+    key_pad = torch::Tensor();
+    length = 0;
+  }
+};
+
+// A decoder-only language model. Weights are float32; the forward pass also runs under CPU
+// bf16 autocast (attention softmax is always computed in float32, logits returned in float32).
+//
+// Attention masks: a query at position i sees keys at positions <= i whose token is not kPadId.
+// Masked scores are replaced by -1e9 (masked_fill, as the PyTorch reference), so a query whose
+// every visible key is padding (an all-pad row, or the pads of a left-padded row) attends
+// uniformly over all keys of the row — finite, never NaN, but meaningless: such positions must
+// have pad targets. Every other position is exactly causal.
+class LanguageModel : public torch::nn::Module {
+ public:
+  ~LanguageModel() override = default;
+
+  // tokens [batch, seq] int64 with 1 <= seq <= max_seq_len() and ids in [0, vocab_size()) ->
+  // logits [batch, seq, vocab] float32. Positions are 0..seq-1. Throws mllm::Error on a wrong
+  // shape, dtype or length (ids are not range-checked here: embedding lookups do that).
+  virtual torch::Tensor forward(const torch::Tensor& tokens) = 0;
+
+  // Incremental decoding: tokens [batch, new] int64 at positions cache.length ..
+  // cache.length + new - 1 -> logits [batch, new, vocab] float32, and appends their keys and
+  // values to `cache` (an empty cache is initialised). Equal to the matching slice of forward()
+  // over the whole sequence (up to float rounding). Throws mllm::Error when
+  // cache.length + new > max_seq_len() or the batch differs from the cached one.
+  virtual torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) = 0;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+
+  // Number of trainable parameters (requires_grad), each tensor counted once (tied weights once).
+  int64_t num_params() const;
+
+  // Training FLOPs (forward + backward) per token for sequences of `seq_len` tokens:
+  //   6 * N + 12 * n_layers * d_model * seq_len
+  // N = parameters doing matmul work (all but the token and position tables; an output head
+  // tied to the token table still counts as the V x d matmul it performs), 6 = 2 forward +
+  // 4 backward FLOPs per weight per token (Kaplan et al. 2020, "Scaling Laws for Neural
+  // Language Models", sec. 2.1); 12 L d T = attention scores and weighted values, forward and
+  // backward, over the full T x T (PaLM, Chowdhery et al. 2022, appendix B). The same formula as
+  // the PyTorch peer baseline (shared/peer/ddp_ref.py, count_params).
+  virtual int64_t flops_per_token(int64_t seq_len) const = 0;
+
+  // True for embedding tables (by parameter name as in named_parameters(): tok_emb.weight,
+  // pos_emb.weight). The optimizer leaves them out of weight decay by default; biases and norm
+  // weights are recognised by the optimizer itself (1-D tensors).
+  virtual bool is_embedding(const std::string& param_name) const;
+};
+
+// Factory signature: (model section, vocabulary size, resolved max_seq_len = recipe.max_seq_len()).
+// Factories throw mllm::ConfigError for an inconsistent model section (naming the key).
+using ModelRegistry =
+    Registry<LanguageModel, const ModelConfig&, int64_t /*vocab_size*/, int64_t /*max_seq_len*/>;
+ModelRegistry& model_registry();
+
+// Registers "minillm" and "llama". Call once (a second call throws: names are taken).
+void register_builtin_models();
+
+namespace detail {
+// Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight
+// and embedding table ~ normal(0, std); weights whose name ends in one of `residual_suffixes`
+// ~ normal(0, std / sqrt(2 n_layers)) (GPT-2 / Megatron residual scaling); biases 0; norm
+// weights ("norm" in the name, 1-D) 1. Uses the global torch generator (torch::manual_seed).
+void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
+                  const std::vector<std::string>& residual_suffixes);
+
+// Blocked-attention mask for queries at positions offset .. offset+T-1 over S = offset + T keys:
+// [batch, 1, T, S] bool, true where the key must be masked (in the future or padding).
+// key_pad: [batch, S] bool, true where the key token is kPadId.
+torch::Tensor blocked_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset);
+
+// Checks tokens [batch, seq] int64 for forward / forward_cached; throws mllm::Error naming
+// `what` and the offending shape, dtype or length.
+void check_tokens(const torch::Tensor& tokens, int64_t offset, int64_t max_seq_len,
+                  const char* what);
+
+// Appends the new tokens' pad flags to cache.key_pad (initialising it) and returns the
+// [batch, S] key pad mask for attention. Throws mllm::Error when the batch size changes.
+torch::Tensor extend_key_pad(KVCache& cache, const torch::Tensor& tokens, int64_t n_layers);
+}  // namespace detail
+
+}  // namespace mllm

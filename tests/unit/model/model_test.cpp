@@ -1,0 +1,297 @@
+// Model behaviour for both families: causality, padding, all-pad rows, KV cache, bf16 autocast,
+// parameter counts and FLOPs against hand-computed formulas, init, registry and config errors.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "mllm/core/error.h"
+#include "mllm/model/llama.h"
+#include "mllm/model/loss.h"
+#include "mllm/model/minillm.h"
+#include "model_test_util.h"
+
+namespace mllm {
+namespace {
+
+using test::make_model;
+using test::max_abs_diff;
+using test::random_tokens;
+using test::tiny_config;
+
+constexpr int64_t kVocab = 37;
+
+class FamilyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FamilyTest, FutureTokensDoNotChangeEarlierLogits) {
+  auto model = make_model(tiny_config(GetParam(), /*dropout=*/0.1));  // eval(): dropout off
+  auto tokens = random_tokens(2, 8, kVocab, 1);
+  auto logits = model->forward(tokens);
+  for (int64_t t : {0, 3, 6}) {
+    auto changed = tokens.clone();
+    const int64_t rest = 8 - t - 1;
+    changed.narrow(1, t + 1, rest).copy_(random_tokens(2, rest, kVocab, 100 + t));
+    ASSERT_FALSE(changed.equal(tokens));
+    auto other = model->forward(changed);
+    EXPECT_LE(max_abs_diff(other.narrow(1, 0, t + 1), logits.narrow(1, 0, t + 1)), 1e-6)
+        << "position " << t;
+    EXPECT_GT(max_abs_diff(other.narrow(1, t + 1, rest), logits.narrow(1, t + 1, rest)), 1e-3);
+  }
+}
+
+TEST_P(FamilyTest, RightPaddedRowMatchesTheSequenceAlone) {
+  auto model = make_model(tiny_config(GetParam()));
+  auto alone = random_tokens(1, 5, kVocab, 2);
+  auto batch = torch::zeros({2, 8}, torch::kLong);  // kPadId == 0
+  batch[0].narrow(0, 0, 5).copy_(alone[0]);
+  batch[1].copy_(random_tokens(1, 8, kVocab, 3)[0]);
+  auto logits_alone = model->forward(alone);
+  auto logits_batch = model->forward(batch);
+  EXPECT_LE(max_abs_diff(logits_batch[0].narrow(0, 0, 5), logits_alone[0]), 1e-5);
+  auto other_alone = model->forward(batch.narrow(0, 1, 1));
+  EXPECT_LE(max_abs_diff(logits_batch[1], other_alone[0]), 1e-5);
+
+  // Pad targets add nothing: the padded row's loss equals the sequence's loss alone.
+  auto targets_alone = random_tokens(1, 5, kVocab, 4);
+  auto targets = torch::zeros({2, 8}, torch::kLong);
+  targets[0].narrow(0, 0, 5).copy_(targets_alone[0]);
+  EXPECT_EQ(count_targets(targets), 5);
+  auto loss_batch = lm_loss_sum(logits_batch, targets);
+  auto loss_alone = lm_loss_sum(logits_alone, targets_alone);
+  EXPECT_NEAR(loss_batch.item<double>(), loss_alone.item<double>(), 1e-5);
+}
+
+TEST_P(FamilyTest, AllPadRowsGiveNoNaN) {
+  auto model = make_model(tiny_config(GetParam(), /*dropout=*/0.1));
+  model->train();
+  auto tokens = random_tokens(3, 8, kVocab, 5);
+  tokens[1].zero_();                      // all pad
+  tokens[2].narrow(0, 0, 3).zero_();      // left pads: their queries see only pad keys
+  auto targets = random_tokens(3, 8, kVocab, 6);
+  targets[1].zero_();
+  targets[2].narrow(0, 0, 3).zero_();
+  auto logits = model->forward(tokens);
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  auto loss = lm_loss_sum(logits, targets);
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+  // An all-pad batch has no targets: loss exactly 0.
+  auto all_pad = torch::zeros({2, 8}, torch::kLong);
+  auto zero = lm_loss_sum(model->forward(all_pad), all_pad);
+  EXPECT_EQ(zero.item<double>(), 0.0);
+  EXPECT_EQ(count_targets(all_pad), 0);
+}
+
+TEST_P(FamilyTest, KVCacheDecodingEqualsFullForward) {
+  auto model = make_model(tiny_config(GetParam()));
+  auto tokens = random_tokens(2, 8, kVocab, 7);
+  tokens[1].narrow(0, 5, 3).zero_();  // right-padded row: cached pad keys stay masked
+  auto full = model->forward(tokens);
+  KVCache cache;
+  std::vector<torch::Tensor> parts;
+  int64_t pos = 0;
+  for (int64_t n : {3, 1, 1, 2, 1}) {
+    parts.push_back(model->forward_cached(tokens.narrow(1, pos, n), cache));
+    pos += n;
+    EXPECT_EQ(cache.length, pos);
+  }
+  EXPECT_LE(max_abs_diff(torch::cat(parts, 1), full), 1e-4);
+  ASSERT_EQ(static_cast<int64_t>(cache.k.size()), 2);
+  // Tiny configs: 2 key/value heads in both; head size 8 (minillm, 2 heads) or 4 (llama, 4).
+  const int64_t head_dim = GetParam() == "llama" ? 4 : 8;
+  EXPECT_EQ(cache.k[0].sizes(), (std::vector<int64_t>{2, 2, 8, head_dim}));
+
+  // Full cache: one more position is an error, and so is another batch size.
+  EXPECT_THROW(model->forward_cached(tokens.narrow(1, 0, 1), cache), Error);
+  KVCache other;
+  model->forward_cached(tokens.narrow(1, 0, 2), other);
+  EXPECT_THROW(model->forward_cached(tokens.narrow(0, 0, 1).narrow(1, 2, 1), other), Error);
+  cache.clear();
+  EXPECT_LE(max_abs_diff(model->forward_cached(tokens, cache), full), 1e-6);
+}
+
+TEST_P(FamilyTest, RejectsBadTokenTensors) {
+  auto model = make_model(tiny_config(GetParam()));
+  EXPECT_THROW(model->forward(random_tokens(1, 9, kVocab, 1)), Error);  // > max_seq_len 8
+  EXPECT_THROW(model->forward(torch::ones({8}, torch::kLong)), Error);
+  EXPECT_THROW(model->forward(torch::ones({1, 4}, torch::kInt)), Error);
+}
+
+// RAII for CPU bf16 autocast (LibTorch 1.13 has no C++ guard).
+struct CpuBf16Autocast {
+  CpuBf16Autocast() {
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+  ~CpuBf16Autocast() {
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+  }
+};
+
+TEST_P(FamilyTest, Bf16AutocastForwardIsCloseToFp32) {
+  auto model = make_model(tiny_config(GetParam()));
+  auto tokens = random_tokens(2, 8, kVocab, 8);
+  tokens[1].narrow(0, 6, 2).zero_();
+  auto fp32 = model->forward(tokens);
+  torch::Tensor bf16;
+  {
+    CpuBf16Autocast autocast;
+    bf16 = model->forward(tokens);
+    KVCache cache;  // the cached path runs under autocast too
+    model->forward_cached(tokens.narrow(1, 0, 5), cache);
+    auto step = model->forward_cached(tokens.narrow(1, 5, 1), cache);
+    EXPECT_TRUE(torch::isfinite(step).all().item<bool>());
+  }
+  EXPECT_EQ(bf16.scalar_type(), torch::kFloat);
+  const double scale = fp32.abs().max().item<double>();
+  ASSERT_GT(scale, 0.5);
+  // bf16 keeps 8 significant bits (relative rounding 2^-9 per op); a few percent of the logit
+  // range after two layers.
+  EXPECT_LE(max_abs_diff(bf16, fp32), 0.05 * scale);
+  EXPECT_GT(max_abs_diff(bf16, fp32), 0.0);  // it really ran in bf16
+}
+
+TEST_P(FamilyTest, InitIsSeededAndDocumented) {
+  auto c = tiny_config(GetParam());
+  c.d_model = 64;
+  c.init_std = 0.02;
+  auto a = make_model(c, kVocab, 8, /*seed=*/11);
+  auto b = make_model(c, kVocab, 8, /*seed=*/11);
+  auto a_params = a->named_parameters();
+  auto b_params = b->named_parameters();
+  for (const auto& p : a_params) {
+    const auto& v = p.value();
+    EXPECT_TRUE(v.equal(b_params[p.key()])) << p.key();
+    const std::string& n = p.key();
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".bias") {
+      EXPECT_EQ(v.abs().max().item<double>(), 0.0) << n;
+    } else if (v.dim() == 1) {
+      EXPECT_TRUE(v.eq(1.0).all().item<bool>()) << n;  // LayerNorm / RMSNorm weights
+    }
+  }
+  const double residual = 0.02 / std::sqrt(2.0 * 2);
+  const std::string down = GetParam() == "llama" ? "layers.0.ffn.down_proj.weight" : "layers.0.ffn.fc2.weight";
+  EXPECT_NEAR(a_params["layers.0.attn.o_proj.weight"].std().item<double>(), residual, 0.1 * residual);
+  EXPECT_NEAR(a_params[down].std().item<double>(), residual, 0.1 * residual);
+  EXPECT_NEAR(a_params["layers.0.attn.q_proj.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(a_params["tok_emb.weight"].std().item<double>(), 0.02, 0.002);
+  auto c2 = make_model(c, kVocab, 8, /*seed=*/12);
+  EXPECT_FALSE(c2->named_parameters()["tok_emb.weight"].equal(a_params["tok_emb.weight"]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("minillm", "llama"));
+
+TEST(MiniLLMTest, ParameterCountAndFlopsMatchFormulaAndPeer) {
+  // The peer's mini shape: V 4096, d 128, 4 heads, 2 layers, d_ff 256, seq 64. Expected values
+  // printed by shared/peer/ddp_ref.py count_params: (1325824, 793344, 4956672).
+  ModelConfig c;
+  c.type = "minillm";
+  c.d_model = 128;
+  c.n_heads = 4;
+  c.n_layers = 2;
+  c.d_ff = 256;
+  auto model = make_model(c, 4096, 64);
+  const int64_t V = 4096, d = 128, S = 64, L = 2, f = 256;
+  const int64_t formula = V * d + S * d + L * (4 * (d * d + d) + 2 * d * f + f + d + 4 * d) + V * d + V;
+  EXPECT_EQ(formula, 1325824);
+  EXPECT_EQ(model->num_params(), 1325824);
+  EXPECT_EQ(model->flops_per_token(64), 4956672);
+  EXPECT_EQ(model->flops_per_token(64), 6 * (1325824 - V * d - S * d) + 12 * L * d * 64);
+  EXPECT_TRUE(model->is_embedding("tok_emb.weight"));
+  EXPECT_TRUE(model->is_embedding("pos_emb.weight"));
+  EXPECT_FALSE(model->is_embedding("lm_head.weight"));
+  EXPECT_FALSE(model->is_embedding("layers.0.norm1.weight"));
+
+  // d_ff 0 -> 4 d_model; the golden tiny model has 5797 parameters (PyTorch's count).
+  auto tiny = make_model(tiny_config("minillm"), 37, 8);
+  EXPECT_EQ(dynamic_cast<MiniLLM&>(*tiny).options().d_ff, 64);
+  auto golden_shape = tiny_config("minillm");
+  golden_shape.d_ff = 32;
+  EXPECT_EQ(make_model(golden_shape, 37, 8)->num_params(), 5797);
+}
+
+TEST(LlamaTest, FfnHiddenFollowsTheLlamaRule) {
+  EXPECT_EQ(LlamaOptions::ffn_hidden(4096, 256), 11008);  // LLaMA-7B
+  EXPECT_EQ(LlamaOptions::ffn_hidden(128, 32), 352);      // int(1024/3) = 341 -> 352
+  EXPECT_EQ(LlamaOptions::ffn_hidden(16, 16), 48);        // 42 -> 48
+  EXPECT_EQ(LlamaOptions::ffn_hidden(288, 32), 768);      // llama2.c stories15M
+}
+
+TEST(LlamaTest, ParameterCountsUntiedAndTied) {
+  // d 16, 4 heads, 2 kv heads (kv width 8), 2 layers, d_ff 48, V 37: the golden "llama" case,
+  // 7408 parameters in PyTorch.
+  auto c = tiny_config("llama");
+  auto untied = make_model(c, 37, 8);
+  const int64_t V = 37, d = 16, L = 2, kv = 8, f = 48;
+  const int64_t body = L * (2 * d * d + 2 * d * kv + 3 * d * f + 2 * d) + d;
+  EXPECT_EQ(V * d + body + V * d, 7408);
+  EXPECT_EQ(untied->num_params(), 7408);
+  EXPECT_EQ(untied->flops_per_token(8), 6 * (7408 - V * d) + 12 * L * d * 8);
+
+  c.tie_embeddings = true;
+  auto tied = make_model(c, 37, 8);
+  EXPECT_EQ(tied->num_params(), 7408 - V * d);
+  EXPECT_EQ(tied->named_parameters().size(), untied->named_parameters().size() - 1);
+  EXPECT_FALSE(tied->named_parameters().contains("lm_head.weight"));
+  // The tied head still does a V x d matmul per token.
+  EXPECT_EQ(tied->flops_per_token(8), untied->flops_per_token(8));
+  EXPECT_TRUE(tied->is_embedding("tok_emb.weight"));
+
+  // The shared table gets gradient from both the lookup and the head.
+  auto tokens = random_tokens(1, 4, V, 9);
+  auto logits = tied->forward(tokens);
+  logits.sum().backward();
+  auto grad = tied->named_parameters()["tok_emb.weight"].grad();
+  EXPECT_GT(grad.abs().sum(-1).gt(0).sum().item<int64_t>(), 4);  // rows beyond the 4 looked up
+}
+
+TEST(ModelRegistryTest, BuildsBothFamiliesAndRejectsBadConfigs) {
+  test::ensure_models_registered();
+  auto names = model_registry().names();
+  EXPECT_EQ(names, (std::vector<std::string>{"llama", "minillm"}));
+  EXPECT_THROW(model_registry().create("gpt5", ModelConfig{}, 37, 8), ConfigError);
+
+  auto c = tiny_config("llama");
+  c.n_kv_heads = 3;  // does not divide 4
+  EXPECT_THROW(model_registry().create("llama", c, 37, 8), ConfigError);
+  c = tiny_config("llama");
+  c.n_heads = 8;  // head size 2: fine
+  EXPECT_NO_THROW(model_registry().create("llama", c, 37, 8));
+  c.d_model = 24;  // head size 3: odd, RoPE needs pairs
+  c.n_kv_heads = 0;
+  EXPECT_THROW(model_registry().create("llama", c, 37, 8), ConfigError);
+  c = tiny_config("minillm");
+  c.tie_embeddings = true;
+  EXPECT_THROW(model_registry().create("minillm", c, 37, 8), ConfigError);
+  c = tiny_config("minillm");
+  c.n_kv_heads = 1;
+  EXPECT_THROW(model_registry().create("minillm", c, 37, 8), ConfigError);
+  c.n_kv_heads = 0;
+  c.n_heads = 3;  // 16 % 3 != 0
+  EXPECT_THROW(model_registry().create("minillm", c, 37, 8), ConfigError);
+  EXPECT_THROW(model_registry().create("minillm", tiny_config("minillm"), 0, 8), ConfigError);
+}
+
+TEST(LossTest, HandComputedCrossEntropy) {
+  // Row 0: uniform logits over 4 tokens -> ln 4 per target. Row 1: logits ln(1..4) -> softmax
+  // (0.1, 0.2, 0.3, 0.4); target 3 -> -ln 0.4. Pad targets (0) are skipped.
+  auto logits = torch::zeros({2, 2, 4});
+  logits[1][0] = torch::log(torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}));
+  auto targets = torch::tensor({2, 0, 3, 0}, torch::kLong).view({2, 2});
+  EXPECT_NEAR(lm_loss_sum(logits, targets).item<double>(), std::log(4.0) - std::log(0.4), 1e-6);
+  EXPECT_EQ(count_targets(targets), 2);
+  EXPECT_THROW(lm_loss_sum(logits, targets.view({4})), Error);
+  EXPECT_THROW(lm_loss_sum(logits, targets.to(torch::kInt)), Error);
+  // bf16 logits are upcast before the log-softmax.
+  EXPECT_EQ(lm_loss_sum(logits.to(torch::kBFloat16), targets).scalar_type(), torch::kFloat);
+}
+
+}  // namespace
+}  // namespace mllm
