@@ -36,7 +36,7 @@ function(mllm_add_unit_tests)
   mllm_test_target(${T_NAME})
   gtest_discover_tests(${T_NAME}
     DISCOVERY_TIMEOUT 120
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=2")
+    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit\\;${T_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=2")
 endfunction()
 
 function(mllm_add_mpi_test)

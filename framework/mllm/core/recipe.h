@@ -43,7 +43,8 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;        // llama: key/value heads (0 = n_heads); must divide n_heads
   int64_t n_layers = 2;
   int64_t d_ff = 0;              // 0 = family default (minillm 4*d_model; llama SwiGLU rule)
-  double dropout = 0.1;
+  double dropout = 0.1;          // embedding and residual dropout
+  std::optional<double> attn_dropout;  // on attention probabilities; null = dropout
   int64_t max_seq_len = 0;       // positions; 0 = data.seq_len
   double rope_theta = 10000.0;   // llama
   int64_t multiple_of = 32;      // llama: SwiGLU hidden size rounded up to this
@@ -128,6 +129,8 @@ struct Recipe {
 
   std::string source;  // the recipe file it was loaded from (not a key)
 
+  // Attention-probability dropout actually used: model.attn_dropout, or model.dropout if null.
+  double attn_dropout() const { return model.attn_dropout.value_or(model.dropout); }
   // The position table size actually used: model.max_seq_len, or data.seq_len when 0.
   int64_t max_seq_len() const { return model.max_seq_len > 0 ? model.max_seq_len : data.seq_len; }
   // Micro-steps per optimizer step for `world_size` ranks. Requires validate_for_world().

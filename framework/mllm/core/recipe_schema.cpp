@@ -296,6 +296,8 @@ KeySpec recipe_schema(Recipe& r) {
           key("n_layers", m.n_layers, "decoder blocks", at_least(1), {"n_layer", "num_layers"}),
           key("d_ff", m.d_ff, "feed-forward hidden size (0 = family default)", at_least(0), {"ffn_dim", "hidden_dim"}),
           key("dropout", m.dropout, "dropout probability (embeddings, attention, residual)", in_range(0, 1, true)),
+          key("attn_dropout", m.attn_dropout, "dropout on attention probabilities (null = dropout)",
+              in_range(0, 1, true)),
           key("max_seq_len", m.max_seq_len, "positions supported (0 = data.seq_len)", at_least(0)),
           key("rope_theta", m.rope_theta, "llama: rotary embedding base", positive()),
           key("multiple_of", m.multiple_of, "llama: SwiGLU hidden size rounded up to this", at_least(1)),

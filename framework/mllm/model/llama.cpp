@@ -40,6 +40,7 @@ LlamaOptions LlamaOptions::from_config(const ModelConfig& c, int64_t vocab_size,
   o.d_ff = c.d_ff > 0 ? c.d_ff : ffn_hidden(c.d_model, c.multiple_of);
   o.max_seq_len = max_seq_len;
   o.dropout = c.dropout;
+  o.attn_dropout = c.attn_dropout.value_or(c.dropout);
   o.rope_theta = c.rope_theta;
   o.norm_eps = c.norm_eps;
   o.tie_embeddings = c.tie_embeddings;
@@ -77,7 +78,7 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
   a.n_heads = o.n_heads;
   a.n_kv_heads = o.n_kv_heads;
   a.bias = false;
-  a.attn_dropout = o.dropout;
+  a.attn_dropout = o.attn_dropout;
   attn = register_module("attn", Attention(a));
   ffn_norm = register_module("ffn_norm", RMSNorm(o.d_model, o.norm_eps));
   ffn = register_module("ffn", SwiGLU(o.d_model, o.d_ff));

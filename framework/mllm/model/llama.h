@@ -22,7 +22,8 @@ struct LlamaOptions {
   int64_t n_layers = 2;
   int64_t d_ff = 352;          // SwiGLU hidden size
   int64_t max_seq_len = 64;
-  double dropout = 0.1;        // embedding, attention-probability and residual dropout
+  double dropout = 0.1;        // embedding and residual dropout
+  double attn_dropout = 0.1;   // attention-probability dropout (model.attn_dropout, null = dropout)
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;      // RMSNorm epsilon
   bool tie_embeddings = false;

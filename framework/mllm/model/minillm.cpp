@@ -33,6 +33,7 @@ MiniLLMOptions MiniLLMOptions::from_config(const ModelConfig& c, int64_t vocab_s
   o.d_ff = c.d_ff > 0 ? c.d_ff : 4 * c.d_model;
   o.max_seq_len = max_seq_len;
   o.dropout = c.dropout;
+  o.attn_dropout = c.attn_dropout.value_or(c.dropout);
   o.norm_eps = c.norm_eps;
   o.init_std = c.init_std;
   return o;
