@@ -24,7 +24,12 @@ int main(int argc, char** argv) {
   app.add_option("-j,--threads", threads, "encoding threads (0 = every core)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("-f,--force", force, "rebuild even when the cache is up to date");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help or the usage error
+    return rc == 0 ? 0 : 2;      // a bad command line is bad input
+  }
 
   try {
     mllm::init_logging(0, 1, mllm::resolve_log_level("info"));
