@@ -1,0 +1,130 @@
+// Seeded per-epoch permutations (splitmix64 + Fisher-Yates) and the rank-sharded batch sampler.
+#include "mllm/data/sampler.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "mllm/core/error.h"
+
+namespace mllm {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t uniform_below(uint64_t& state, uint64_t bound) {
+  // Accept only draws below the largest multiple of `bound`, so every residue is equally likely.
+  const uint64_t limit = UINT64_MAX - (UINT64_MAX % bound);
+  uint64_t x;
+  do {
+    x = splitmix64(state);
+  } while (x >= limit);
+  return x % bound;
+}
+
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> perm(size_t(std::max<int64_t>(0, n)));
+  std::iota(perm.begin(), perm.end(), int64_t(0));
+  uint64_t state = seed;
+  for (int64_t i = n - 1; i >= 1; --i) {
+    const auto j = static_cast<int64_t>(uniform_below(state, uint64_t(i) + 1));
+    std::swap(perm[size_t(i)], perm[size_t(j)]);
+  }
+  return perm;
+}
+
+uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
+  uint64_t state = seed + uint64_t(epoch) * 0xD1B54A32D192ED03ull;
+  return splitmix64(state);
+}
+
+DistributedSampler::DistributedSampler(int64_t num_sequences, int64_t global_batch,
+                                       int64_t micro_batch, int rank, int world_size,
+                                       uint64_t seed)
+    : num_sequences_(num_sequences),
+      global_batch_(global_batch),
+      micro_batch_(micro_batch),
+      rank_(rank),
+      world_size_(world_size),
+      seed_(seed) {
+  if (global_batch <= 0 || micro_batch <= 0 || world_size <= 0)
+    throw ConfigError(fmt::format("sampler: global_batch ({}), micro_batch ({}) and world size "
+                                  "({}) must be positive",
+                                  global_batch, micro_batch, world_size));
+  if (rank < 0 || rank >= world_size)
+    throw ConfigError(fmt::format("sampler: rank {} is outside [0, {})", rank, world_size));
+  if (global_batch % (micro_batch * world_size) != 0)
+    throw ConfigError(fmt::format("train.global_batch = {} is not a multiple of train.micro_batch "
+                                  "x world size = {} x {}; choose a global batch divisible by {}",
+                                  global_batch, micro_batch, world_size, micro_batch * world_size));
+  steps_per_epoch_ = num_sequences / global_batch;
+  if (steps_per_epoch_ == 0)
+    throw ConfigError(fmt::format("the training data has {} sequences, fewer than one global batch "
+                                  "(train.global_batch = {}); use a smaller global batch, a "
+                                  "shorter data.seq_len, or more data",
+                                  num_sequences, global_batch));
+}
+
+const std::vector<int64_t>& DistributedSampler::permutation(int64_t epoch) const {
+  if (epoch != cached_epoch_) {
+    cached_perm_ = seeded_permutation(num_sequences_, epoch_seed(seed_, epoch));
+    cached_epoch_ = epoch;
+  }
+  return cached_perm_;
+}
+
+std::vector<int64_t> DistributedSampler::global_batch_ids(int64_t epoch, int64_t step) const {
+  MLLM_CHECK(step >= 0 && step < steps_per_epoch_, "global batch step out of range");
+  const auto& perm = permutation(epoch);
+  const auto first = perm.begin() + step * global_batch_;
+  return std::vector<int64_t>(first, first + global_batch_);
+}
+
+std::vector<std::vector<int64_t>> DistributedSampler::next_step() {
+  const auto& perm = permutation(state_.epoch);
+  const int64_t per_rank = global_batch_ / world_size_;
+  const int64_t begin = state_.step_in_epoch * global_batch_ + rank_ * per_rank;
+  std::vector<std::vector<int64_t>> micro;
+  for (int64_t m = 0; m < accumulation_steps(); ++m) {
+    const auto first = perm.begin() + begin + m * micro_batch_;
+    micro.emplace_back(first, first + micro_batch_);
+  }
+  if (++state_.step_in_epoch == steps_per_epoch_) {
+    state_.step_in_epoch = 0;
+    ++state_.epoch;
+  }
+  return micro;
+}
+
+void DistributedSampler::load_state(const SamplerState& s) {
+  if (s.epoch < 0 || s.step_in_epoch < 0 || s.step_in_epoch >= steps_per_epoch_)
+    throw CheckpointError(fmt::format("sampler state (epoch {}, step {}) does not fit this data "
+                                      "({} steps per epoch); the checkpoint was made with other "
+                                      "data or batch settings",
+                                      s.epoch, s.step_in_epoch, steps_per_epoch_));
+  state_ = s;
+}
+
+std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch,
+                                       int rank, int world_size) {
+  if (micro_batch <= 0 || world_size <= 0 || rank < 0 || rank >= world_size || batch < 0)
+    throw ConfigError(fmt::format("val batch: need micro_batch > 0, 0 <= rank < world size and "
+                                  "batch >= 0 (got micro_batch {}, rank {}, world size {}, batch {})",
+                                  micro_batch, rank, world_size, batch));
+  const int64_t begin = batch * micro_batch * world_size + rank * micro_batch;
+  const int64_t end = std::min(begin + micro_batch, num_sequences);
+  std::vector<int64_t> ids;
+  for (int64_t i = begin; i < end; ++i) ids.push_back(i);
+  return ids;
+}
+
+int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch, int world_size) {
+  const int64_t per = micro_batch * world_size;
+  return per > 0 ? (num_sequences + per - 1) / per : 0;
+}
+
+}  // namespace mllm

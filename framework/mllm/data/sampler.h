@@ -1,0 +1,79 @@
+// The distributed sampler: a seeded permutation of all sequences per epoch; global batch k of an
+// epoch is permutation[k*G, (k+1)*G) whatever the world size, and rank r takes the contiguous
+// block [r*G/W, (r+1)*G/W) of it, cut into micro-batches. The incomplete last global batch of an
+// epoch is dropped. The RNG is implemented here (splitmix64 + Fisher-Yates) so the order is the
+// same on every platform and library version.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mllm {
+
+// splitmix64 (Steele, Lea, Flood 2014; the reference from https://prng.di.unimi.it/splitmix64.c):
+// advances `state` by 0x9E3779B97F4A7C15 and returns the mixed output.
+uint64_t splitmix64(uint64_t& state);
+
+// Uniform integer in [0, bound) from splitmix64 by rejection (no modulo bias). bound >= 1.
+uint64_t uniform_below(uint64_t& state, uint64_t bound);
+
+// A permutation of 0..n-1: Fisher-Yates (Knuth 3.4.2 Algorithm P, i from n-1 down to 1, j =
+// uniform_below(i + 1)) over a splitmix64 stream started at `seed`.
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
+
+// Seed of epoch `epoch`'s permutation: splitmix64 applied to (seed + epoch * 0xD1B54A32D192ED03).
+uint64_t epoch_seed(uint64_t seed, int64_t epoch);
+
+// Position in the sequence of global batches; the same for every rank and world size.
+struct SamplerState {
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+};
+
+class DistributedSampler {
+ public:
+  // Throws ConfigError when global_batch % (micro_batch * world_size) != 0, any size is not
+  // positive, rank is outside [0, world_size), or num_sequences < global_batch (an epoch
+  // without one full global batch).
+  DistributedSampler(int64_t num_sequences, int64_t global_batch, int64_t micro_batch, int rank,
+                     int world_size, uint64_t seed);
+
+  // This rank's micro-batches for the next optimizer step: accumulation_steps() vectors of
+  // micro_batch sequence ids. Advances one step (into the next epoch after the last full
+  // global batch).
+  std::vector<std::vector<int64_t>> next_step();
+
+  // All ids of global batch `step` of epoch `epoch` (every rank's part, in rank order).
+  std::vector<int64_t> global_batch_ids(int64_t epoch, int64_t step) const;
+
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t accumulation_steps() const { return global_batch_ / (micro_batch_ * world_size_); }
+  SamplerState state() const { return state_; }
+  // Continues from `s` (saved by any world size). Throws CheckpointError when s is not a
+  // position of this dataset (negative, or step_in_epoch >= steps_per_epoch()).
+  void load_state(const SamplerState& s);
+
+ private:
+  const std::vector<int64_t>& permutation(int64_t epoch) const;
+
+  int64_t num_sequences_, global_batch_, micro_batch_;
+  int rank_, world_size_;
+  uint64_t seed_;
+  int64_t steps_per_epoch_;
+  SamplerState state_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_perm_;
+};
+
+// Validation reads in a fixed order, each sequence at most once: val batch `batch` is
+// sequences [batch*M*W, (batch+1)*M*W) (M = micro_batch, W = world_size), rank r takes
+// [batch*M*W + r*M, +M) clipped to num_sequences. Empty when that is past the end, so in the
+// last batch some ranks may get fewer or no sequences; over all batches every sequence is read
+// exactly once. Throws ConfigError for non-positive sizes or a bad rank.
+std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch,
+                                       int rank, int world_size);
+
+// Number of val batches that cover all sequences: ceil(num_sequences / (micro_batch*world)).
+int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch, int world_size);
+
+}  // namespace mllm

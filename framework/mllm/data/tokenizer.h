@@ -1,0 +1,96 @@
+// The tokenizer interface, its registries (train by `data.tokenizer.type`, load by the type
+// stored in the file), the tokenizer file container, and streaming decode for generation.
+// Special ids are fixed for every tokenizer: <PAD>=0 <UNK>=1 <BOS>=2 <EOS>=3.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mllm/core/recipe.h"
+#include "mllm/core/registry.h"
+
+namespace mllm {
+
+inline constexpr int32_t kPadId = 0, kUnkId = 1, kBosId = 2, kEosId = 3;
+inline constexpr int32_t kNumSpecialIds = 4;
+// Names of the special ids, index = id. Text equal to these is ordinary text, never a special.
+inline constexpr const char* kSpecialPieces[kNumSpecialIds] = {"<PAD>", "<UNK>", "<BOS>", "<EOS>"};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Registry name of this tokenizer ("char", "bpe").
+  virtual std::string type() const = 0;
+  // Number of ids, specials included: every id is in [0, vocab_size).
+  virtual int64_t vocab_size() const = 0;
+  // Token ids of UTF-8 text, no BOS/EOS added. Text that cannot be represented maps to kUnkId
+  // (char: unknown characters and invalid UTF-8 bytes; bpe never, thanks to byte fallback).
+  virtual std::vector<int32_t> encode(std::string_view utf8) const = 0;
+  // Text of `ids`; specials (ids 0-3) produce no text. Throws mllm::Error for an id outside
+  // [0, vocab_size).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // Raw bytes id `id` stands for: possibly part of a UTF-8 character (bpe byte pieces), empty
+  // for specials. decode(ids) equals the concatenation, with invalid UTF-8 replaced by U+FFFD.
+  // Default: decode({id}). Throws mllm::Error for an id outside [0, vocab_size).
+  virtual std::string token_bytes(int32_t id) const { return decode({id}); }
+  // Writes the tokenizer file (see write_tokenizer_file) atomically. Throws mllm::Error on I/O.
+  virtual void save(const std::string& path) const = 0;
+  // Stable 64-bit hash of everything that decides the id mapping (type + vocabulary / model).
+  // Stored in every shard and checkpoint; equal fingerprints mean identical tokenization.
+  virtual uint64_t fingerprint() const = 0;
+};
+
+// Training factories: (tokenizer section, training documents as valid UTF-8, worker threads).
+// Registered under the name used in `data.tokenizer.type`.
+using TokenizerRegistry = Registry<Tokenizer, const TokenizerConfig&,
+                                   const std::vector<std::string>& /*documents*/, int /*threads*/>;
+TokenizerRegistry& tokenizer_registry();
+
+// Loading factories: (payload of a tokenizer file, file path for messages), registered under the
+// same name. A tokenizer plugin registers one of each.
+using TokenizerLoaderRegistry =
+    Registry<Tokenizer, const std::string& /*payload*/, const std::string& /*path*/>;
+TokenizerLoaderRegistry& tokenizer_loader_registry();
+
+// Registers char and bpe in both registries. Safe to call more than once.
+void register_builtin_tokenizers();
+
+// Trains the tokenizer `config.type` on `documents`. Throws ConfigError for an unknown type or
+// bad settings, DataError when the corpus cannot produce a vocabulary.
+std::shared_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config,
+                                           const std::vector<std::string>& documents,
+                                           int threads = 1);
+
+// Loads a tokenizer file of any registered type. Throws DataError naming `path` when it is
+// missing, not a tokenizer file, truncated, of an unknown type, or fails its fingerprint check.
+std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// Tokenizer file: one JSON header line
+//   {"format":"mllm-tokenizer","version":1,"type":T,"vocab_size":V,"fingerprint":"<16 hex>",
+//    "payload_bytes":N}\n
+// followed by N payload bytes owned by the type (char: the vocabulary; bpe: the sentencepiece
+// model). Written to a temporary name and renamed. Throws mllm::Error on I/O failure.
+void write_tokenizer_file(const std::string& path, const Tokenizer& tokenizer,
+                          const std::string& payload);
+
+// Streams generated ids as text, never splitting a UTF-8 character: push() returns the text that
+// became complete with this id (often empty for a bpe byte piece), flush() the rest (a dangling
+// partial character becomes U+FFFD). Specials produce no text.
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(std::shared_ptr<const Tokenizer> tokenizer);
+  std::string push(int32_t id);
+  std::string flush();
+
+ private:
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::string pending_;  // bytes of an incomplete character
+};
+
+// "%016x" of a fingerprint, as written in files and messages.
+std::string fingerprint_hex(uint64_t fingerprint);
+
+}  // namespace mllm

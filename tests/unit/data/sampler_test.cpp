@@ -1,0 +1,162 @@
+// DistributedSampler: resume, coverage, epoch order and world-size invariance (the acceptance
+// test of issue 3), plus the RNG against an independent Python implementation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "mllm/core/error.h"
+#include "mllm/data/sampler.h"
+
+namespace mllm {
+namespace {
+
+TEST(Splitmix64, MatchesReferenceOutputs) {
+  // splitmix64.c seeded with 0: first two outputs.
+  uint64_t s = 0;
+  EXPECT_EQ(splitmix64(s), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(splitmix64(s), 0x6e789e6aa1b965f4ull);
+}
+
+TEST(SeededPermutation, MatchesIndependentPython) {
+  // From a 20-line Python re-implementation of splitmix64 + rejection + Fisher-Yates.
+  EXPECT_EQ(seeded_permutation(10, 12345), (std::vector<int64_t>{8, 6, 7, 2, 1, 3, 9, 5, 0, 4}));
+  auto p0 = seeded_permutation(40, epoch_seed(7, 0));
+  auto p1 = seeded_permutation(40, epoch_seed(7, 1));
+  EXPECT_EQ(std::vector<int64_t>(p0.begin(), p0.begin() + 8),
+            (std::vector<int64_t>{22, 33, 10, 31, 9, 38, 37, 13}));
+  EXPECT_EQ(std::vector<int64_t>(p1.begin(), p1.begin() + 8),
+            (std::vector<int64_t>{35, 39, 27, 26, 16, 24, 36, 22}));
+}
+
+// (step, rank, micro-batch ids) of every rank for steps [from, to), 1-based steps.
+using Trace = std::vector<std::tuple<int, int, std::vector<int64_t>>>;
+
+Trace run(std::vector<DistributedSampler>& ranks, int from, int to) {
+  Trace t;
+  for (int step = from; step < to; ++step)
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (auto& micro : ranks[r].next_step()) t.emplace_back(step, int(r), micro);
+  return t;
+}
+
+std::vector<DistributedSampler> make_ranks(int world, int64_t n = 40, int64_t global = 8,
+                                           int64_t micro = 2) {
+  std::vector<DistributedSampler> v;
+  for (int r = 0; r < world; ++r) v.emplace_back(n, global, micro, r, world, 7);
+  return v;
+}
+
+TEST(DistributedSampler, ResumeAfterStep13MatchesUninterrupted) {
+  // 40 sequences, 2 ranks, micro-batch 2, seed 7; global batch 8 -> 5 steps per epoch,
+  // accumulation 2.
+  auto full = make_ranks(2);
+  ASSERT_EQ(full[0].steps_per_epoch(), 5);
+  ASSERT_EQ(full[0].accumulation_steps(), 2);
+  run(full, 1, 14);
+  const Trace want = run(full, 14, 31);
+
+  auto first = make_ranks(2);
+  run(first, 1, 14);
+  const SamplerState saved = first[0].state();
+  EXPECT_EQ(saved.epoch, 2);          // 13 steps = 2 epochs of 5 + 3
+  EXPECT_EQ(saved.step_in_epoch, 3);
+  EXPECT_EQ(first[1].state().epoch, saved.epoch);
+  EXPECT_EQ(first[1].state().step_in_epoch, saved.step_in_epoch);
+
+  auto resumed = make_ranks(2);
+  for (auto& s : resumed) s.load_state(saved);
+  EXPECT_EQ(run(resumed, 14, 31), want);
+}
+
+TEST(DistributedSampler, EveryIdOncePerEpochAndEpochsDiffer) {
+  auto ranks = make_ranks(2);
+  std::vector<std::vector<int64_t>> epochs;
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> seen;
+    for (int s = 0; s < 5; ++s)
+      for (auto& r : ranks)
+        for (auto& m : r.next_step()) {
+          EXPECT_EQ(m.size(), 2u);
+          seen.insert(seen.end(), m.begin(), m.end());
+        }
+    std::vector<int64_t> sorted = seen;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> all(40);
+    for (int i = 0; i < 40; ++i) all[size_t(i)] = i;
+    EXPECT_EQ(sorted, all) << "epoch " << e;
+    epochs.push_back(seen);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
+}
+
+TEST(DistributedSampler, WorldSizesOneTwoFourGiveTheSameGlobalBatches) {
+  std::vector<std::vector<std::vector<int64_t>>> per_world;  // [world][step] -> global batch ids
+  for (int world : {1, 2, 4}) {
+    auto ranks = make_ranks(world);
+    std::vector<std::vector<int64_t>> steps;
+    for (int s = 0; s < 12; ++s) {
+      std::vector<int64_t> global;  // rank 0's micro-batches, then rank 1's, ...
+      for (auto& r : ranks)
+        for (auto& m : r.next_step()) global.insert(global.end(), m.begin(), m.end());
+      EXPECT_EQ(global.size(), 8u);
+      steps.push_back(global);
+    }
+    per_world.push_back(steps);
+  }
+  EXPECT_EQ(per_world[0], per_world[1]);
+  EXPECT_EQ(per_world[0], per_world[2]);
+  // And it is the documented slice of the epoch permutation.
+  const auto perm = seeded_permutation(40, epoch_seed(7, 0));
+  EXPECT_EQ(per_world[0][1], std::vector<int64_t>(perm.begin() + 8, perm.begin() + 16));
+  // A state saved at world size 4 resumes at world size 2 with the same global batches.
+  auto four = make_ranks(4);
+  for (int s = 0; s < 7; ++s)
+    for (auto& r : four) r.next_step();
+  auto two = make_ranks(2);
+  for (auto& r : two) r.load_state(four[0].state());
+  std::vector<int64_t> g;
+  for (auto& r : two)
+    for (auto& m : r.next_step()) g.insert(g.end(), m.begin(), m.end());
+  EXPECT_EQ(g, per_world[0][7]);
+}
+
+TEST(DistributedSampler, DropsTheIncompleteLastBatch) {
+  DistributedSampler s(43, 8, 2, 0, 2, 1);
+  EXPECT_EQ(s.steps_per_epoch(), 5);  // 3 sequences left out each epoch
+  for (int i = 0; i < 5; ++i) s.next_step();
+  EXPECT_EQ(s.state().epoch, 1);
+  EXPECT_EQ(s.state().step_in_epoch, 0);
+}
+
+TEST(DistributedSampler, BadSettingsAreConfigErrors) {
+  EXPECT_THROW(DistributedSampler(40, 6, 2, 0, 2, 1), ConfigError);   // 6 % 4 != 0
+  EXPECT_THROW(DistributedSampler(7, 8, 2, 0, 2, 1), ConfigError);    // no full global batch
+  EXPECT_THROW(DistributedSampler(40, 8, 2, 2, 2, 1), ConfigError);   // bad rank
+  DistributedSampler s(40, 8, 2, 0, 2, 1);
+  EXPECT_THROW(s.load_state({0, 5}), CheckpointError);
+  EXPECT_THROW(s.load_state({-1, 0}), CheckpointError);
+}
+
+TEST(ValBatchIndices, FixedOrderEachSequenceOnce) {
+  // 11 sequences, micro-batch 2, 2 ranks: batches of 4 -> [0..3], [4..7], [8..10].
+  EXPECT_EQ(val_batch_indices(11, 0, 2, 0, 2), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(val_batch_indices(11, 0, 2, 1, 2), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(val_batch_indices(11, 2, 2, 0, 2), (std::vector<int64_t>{8, 9}));
+  EXPECT_EQ(val_batch_indices(11, 2, 2, 1, 2), (std::vector<int64_t>{10}));
+  EXPECT_TRUE(val_batch_indices(11, 3, 2, 0, 2).empty());
+  EXPECT_EQ(val_batch_count(11, 2, 2), 3);
+  for (int world : {1, 2, 4}) {
+    std::multiset<int64_t> seen;
+    for (int64_t b = 0; b < val_batch_count(11, 2, world); ++b)
+      for (int r = 0; r < world; ++r)
+        for (int64_t i : val_batch_indices(11, b, 2, r, world)) seen.insert(i);
+    EXPECT_EQ(seen.size(), 11u);
+    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 11u);
+  }
+}
+
+}  // namespace
+}  // namespace mllm

@@ -1,0 +1,233 @@
+// char and bpe tokenizers: vocabulary order, round trips, unknowns, literal "<EOS>", files,
+// fingerprints, streaming decode.
+#include <gtest/gtest.h>
+
+#include "data_test_util.h"
+#include "mllm/core/error.h"
+#include "mllm/data/bpe_tokenizer.h"
+#include "mllm/data/char_tokenizer.h"
+#include "mllm/data/tokenizer.h"
+#include "mllm/data/utf8.h"
+
+namespace mllm {
+namespace {
+
+using test::TempDir;
+using test::throws_with;
+
+std::shared_ptr<Tokenizer> train_char(const std::vector<std::string>& docs, int64_t min_count = 1,
+                                      int64_t max_vocab = 0, int threads = 1) {
+  TokenizerConfig c;
+  c.type = "char";
+  c.min_count = min_count;
+  c.max_vocab = max_vocab;
+  return train_tokenizer(c, docs, threads);
+}
+
+TEST(CharTokenizer, VocabularyByFrequencyThenCodePoint) {
+  // Counts: a 3, b 3, '\n' 1, c 1, 春 2. Order: a(97) b(98) [3], 春 [2], '\n'(10) c(99) [1].
+  auto tok = train_char({"abba\nc", "春a春b"});
+  ASSERT_EQ(tok->vocab_size(), 4 + 5);
+  EXPECT_EQ(tok->encode("a"), std::vector<int32_t>{4});
+  EXPECT_EQ(tok->encode("b"), std::vector<int32_t>{5});
+  EXPECT_EQ(tok->encode("春"), std::vector<int32_t>{6});
+  EXPECT_EQ(tok->encode("\n"), std::vector<int32_t>{7});
+  EXPECT_EQ(tok->encode("c"), std::vector<int32_t>{8});
+  // Thread count must not change the result.
+  EXPECT_EQ(train_char({"abba\nc", "春a春b"}, 1, 0, 2)->fingerprint(), tok->fingerprint());
+}
+
+TEST(CharTokenizer, MinCountAndMaxVocab) {
+  auto tok = train_char({"aaabbc"}, /*min_count=*/2);
+  EXPECT_EQ(tok->vocab_size(), 6);  // a, b
+  EXPECT_EQ(tok->encode("abc"), (std::vector<int32_t>{4, 5, kUnkId}));
+  auto capped = train_char({"aaabbc"}, 1, /*max_vocab=*/5);
+  EXPECT_EQ(capped->vocab_size(), 5);  // specials + a
+  EXPECT_EQ(capped->encode("ab"), (std::vector<int32_t>{4, kUnkId}));
+  EXPECT_THROW(train_char({"abc"}, 1, 3), ConfigError);
+  EXPECT_TRUE(throws_with<DataError>([] { train_char({"abc"}, 5); }, {"min_count = 5"}));
+}
+
+TEST(CharTokenizer, RoundTripsNewlinesBlankLinesAndCjk) {
+  const std::string text = "床前明月光，\n疑是地上霜。\n\n舉頭望明月，\n低頭思故鄉。\n";
+  auto tok = train_char({text});
+  const auto ids = tok->encode(text);
+  EXPECT_EQ(ids.size(), 29u);  // 4 lines of 6 characters + 5 newlines: code points, not bytes
+  EXPECT_EQ(tok->decode(ids), text);
+  for (int32_t id : ids) EXPECT_NE(id, kUnkId);
+}
+
+TEST(CharTokenizer, UnknownCharactersAndInvalidBytesBecomeUnk) {
+  auto tok = train_char({"ab"});
+  EXPECT_EQ(tok->encode("a😀b"), (std::vector<int32_t>{4, kUnkId, 5}));
+  EXPECT_EQ(tok->encode("a\xFF" "b"), (std::vector<int32_t>{4, kUnkId, 5}));
+  // Specials produce no text.
+  EXPECT_EQ(tok->decode({kBosId, 4, kUnkId, 5, kEosId, kPadId}), "ab");
+  EXPECT_THROW(tok->decode({99}), Error);
+}
+
+TEST(CharTokenizer, LiteralSpecialNamesAreOrdinaryText) {
+  auto tok = train_char({"x<EOS>y<PAD>"});
+  const auto ids = tok->encode("<EOS>");
+  ASSERT_EQ(ids.size(), 5u);  // '<' 'E' 'O' 'S' '>'
+  for (int32_t id : ids) EXPECT_GE(id, kNumSpecialIds);
+  EXPECT_EQ(tok->decode(ids), "<EOS>");
+}
+
+TEST(CharTokenizer, SaveLoadIsIdentical) {
+  TempDir dir;
+  auto tok = train_char({"春眠不覺曉\n處處聞啼鳥 😀 <EOS>"});
+  tok->save(dir / "tok.mllm");
+  auto back = load_tokenizer(dir / "tok.mllm");
+  EXPECT_EQ(back->type(), "char");
+  EXPECT_EQ(back->vocab_size(), tok->vocab_size());
+  EXPECT_EQ(back->fingerprint(), tok->fingerprint());
+  const std::string probe = "處處 😀 聞\n";
+  EXPECT_EQ(back->encode(probe), tok->encode(probe));
+  // A different vocabulary has a different fingerprint.
+  EXPECT_NE(train_char({"春眠不覺曉"})->fingerprint(), tok->fingerprint());
+}
+
+TEST(TokenizerFile, BadFilesAreNamed) {
+  TempDir dir;
+  EXPECT_TRUE(throws_with<DataError>([&] { load_tokenizer(dir / "missing.mllm"); },
+                                     {"missing.mllm"}));
+  test::write_file(dir / "junk.mllm", "hello\nworld");
+  EXPECT_TRUE(throws_with<DataError>([&] { load_tokenizer(dir / "junk.mllm"); },
+                                     {"junk.mllm", "not an mllm tokenizer"}));
+  auto tok = train_char({"abc"});
+  tok->save(dir / "t.mllm");
+  std::string bytes = test::slurp(dir / "t.mllm");
+  test::write_file(dir / "short.mllm", bytes.substr(0, bytes.size() - 1));
+  EXPECT_TRUE(throws_with<DataError>([&] { load_tokenizer(dir / "short.mllm"); },
+                                     {"short.mllm", "truncated"}));
+  std::string tampered = bytes;
+  tampered.back() = 'z';  // changes the vocabulary, not the header
+  test::write_file(dir / "bad.mllm", tampered);
+  EXPECT_TRUE(throws_with<DataError>([&] { load_tokenizer(dir / "bad.mllm"); },
+                                     {"bad.mllm", "damaged"}));
+  std::string other = bytes;
+  other.replace(other.find("\"char\""), 6, "\"zzzz\"");
+  test::write_file(dir / "type.mllm", other);
+  EXPECT_TRUE(throws_with<DataError>([&] { load_tokenizer(dir / "type.mllm"); },
+                                     {"type.mllm", "zzzz"}));
+}
+
+TEST(TokenizerRegistry, UnknownTypeListsKnownNames) {
+  TokenizerConfig c;
+  c.type = "chars";
+  EXPECT_TRUE(throws_with<ConfigError>([&] { train_tokenizer(c, {"abc"}); }, {"bpe", "char"}));
+}
+
+TEST(IncrementalDecoder, CharStreamsWholeCharacters) {
+  auto tok = train_char({"春眠a"});
+  IncrementalDecoder dec(tok);
+  std::string out;
+  for (int32_t id : tok->encode("a春眠")) out += dec.push(id);
+  out += dec.push(kEosId);
+  out += dec.flush();
+  EXPECT_EQ(out, "a春眠");
+}
+
+// ---- bpe (sentencepiece through the libmllm_spm module) ----
+
+std::vector<std::string> bpe_corpus() {
+  std::vector<std::string> docs;
+  const char* lines[] = {
+      "the quick brown fox jumps over the lazy dog",
+      "a quick movement of the enemy will jeopardize six gunboats",
+      "pack my box with five dozen liquor jugs",
+      "床前明月光 疑是地上霜 舉頭望明月 低頭思故鄉",
+      "春眠不覺曉 處處聞啼鳥 夜來風雨聲 花落知多少",
+      "the end <EOS> is just text",
+  };
+  for (int rep = 0; rep < 20; ++rep)
+    for (const char* l : lines) docs.push_back(std::string(l) + "\n" + l);
+  return docs;
+}
+
+std::shared_ptr<Tokenizer> train_bpe(int threads = 1) {
+  TokenizerConfig c;
+  c.type = "bpe";
+  c.vocab_size = 400;
+  return train_tokenizer(c, bpe_corpus(), threads);
+}
+
+TEST(BpeTokenizer, RoundTripsNewlinesBlankLinesCjkAndEmoji) {
+  auto tok = train_bpe();
+  EXPECT_EQ(tok->type(), "bpe");
+  EXPECT_LE(tok->vocab_size(), 400);
+  EXPECT_GT(tok->vocab_size(), 4 + 256);
+  for (const std::string text :
+       {"the quick brown fox", "line one\n\nline three\n", "  two  spaces ", "床前明月光\n疑是地上霜",
+        "emoji 😀🚀 and 鱻 unseen", "tab\there", "\n", ""}) {
+    const auto ids = tok->encode(text);
+    for (int32_t id : ids) {
+      EXPECT_GE(id, kNumSpecialIds) << text;  // byte fallback: nothing is unknown
+      EXPECT_LT(id, tok->vocab_size());
+    }
+    EXPECT_EQ(tok->decode(ids), text);
+  }
+  // Learned merges shorten frequent text.
+  EXPECT_LT(tok->encode("the quick brown fox").size(), std::string("the quick brown fox").size());
+}
+
+TEST(BpeTokenizer, LiteralEosIsTextAndSpecialsDecodeToNothing) {
+  auto tok = train_bpe();
+  const auto ids = tok->encode("<EOS><BOS><PAD><UNK>");
+  for (int32_t id : ids) EXPECT_GE(id, kNumSpecialIds);
+  EXPECT_EQ(tok->decode(ids), "<EOS><BOS><PAD><UNK>");
+  auto abc = tok->encode("abc");
+  std::vector<int32_t> with = {kBosId};
+  with.insert(with.end(), abc.begin(), abc.end());
+  with.push_back(kUnkId);
+  with.push_back(kEosId);
+  with.push_back(kPadId);
+  EXPECT_EQ(tok->decode(with), "abc");
+}
+
+TEST(BpeTokenizer, SaveLoadAndDeterministicTraining) {
+  TempDir dir;
+  auto tok = train_bpe(1);
+  tok->save(dir / "bpe.mllm");
+  auto back = load_tokenizer(dir / "bpe.mllm");
+  EXPECT_EQ(back->type(), "bpe");
+  EXPECT_EQ(back->fingerprint(), tok->fingerprint());
+  EXPECT_EQ(back->vocab_size(), tok->vocab_size());
+  const std::string probe = "jumps over 鄉 😀\n\nend";
+  EXPECT_EQ(back->encode(probe), tok->encode(probe));
+  // Same corpus, other thread count: the same model.
+  EXPECT_EQ(train_bpe(2)->fingerprint(), tok->fingerprint());
+}
+
+TEST(BpeTokenizer, TooSmallVocabularyIsADataError) {
+  TokenizerConfig c;
+  c.type = "bpe";
+  c.vocab_size = 100;  // below 256 byte pieces + specials + characters
+  EXPECT_TRUE(throws_with<DataError>([&] { train_tokenizer(c, bpe_corpus()); },
+                                     {"vocab_size"}));
+}
+
+TEST(IncrementalDecoder, BpeNeverSplitsACharacter) {
+  auto tok = train_bpe();
+  const std::string text = "fox 😀 鱻\n";  // emoji and 鱻 go through byte pieces
+  IncrementalDecoder dec(tok);
+  std::string out;
+  for (int32_t id : tok->encode(text)) {
+    const std::string piece = dec.push(id);
+    // Every emitted chunk is valid UTF-8 on its own.
+    EXPECT_EQ(utf8_find_invalid(piece), std::string_view::npos);
+    out += piece;
+  }
+  out += dec.flush();
+  EXPECT_EQ(out, text);
+  // A dangling partial character is replaced on flush.
+  IncrementalDecoder dec2(tok);
+  const auto ids = tok->encode("😀");
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(dec2.push(ids[0]), "");
+  EXPECT_EQ(dec2.flush(), "\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace mllm
