@@ -169,9 +169,9 @@ void DataParallel::broadcast_and_verify() {
     std::string ranks;
     for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     throw CommError(fmt::format(
-        "ranks {} built a different model than rank 0 (rank 0: model hash {}).{}\nEvery rank must "
+        "{} {} built a different model than rank 0 (rank 0: model hash {}).{}\nEvery rank must "
         "build the model from the same recipe and plugins; check overrides and the plugins: list.",
-        ranks, all[0], detail));
+        differ.size() == 1 ? "rank" : "ranks", ranks, all[0], detail));
   }
 
   // Rank 0's values, coalesced into flat buffers of at most bucket_bytes per dtype.
