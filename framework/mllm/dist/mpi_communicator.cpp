@@ -30,42 +30,46 @@ MPI_Datatype mpi_type(torch::ScalarType t) {
   }
 }
 
-// out[i] = c[0][i] op c[1][i] op ... op c[world-1][i], left to right; c is world rows of n.
+// out[i] = rows[0][i] op rows[1][i] op ... op rows[world-1][i], left to right (then / world for
+// kAvg). `out` may be one of the rows: each block is read completely before it is written.
 template <typename T>
-void reduce_rows(const T* c, int world, int64_t n, ReduceOp op, T* out) {
-  std::memcpy(out, c, static_cast<size_t>(n) * sizeof(T));
-  for (int r = 1; r < world; ++r) {
-    const T* row = c + static_cast<int64_t>(r) * n;
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        for (int64_t i = 0; i < n; ++i) out[i] = out[i] + row[i];
-        break;
-      case ReduceOp::kMax:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], row[i]);
-        break;
-      case ReduceOp::kMin:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::min(out[i], row[i]);
-        break;
+void reduce_rows(const std::vector<const void*>& rows, int64_t n, ReduceOp op, T* out) {
+  constexpr int64_t kBlock = 2048;  // elements; the accumulator block stays in L1
+  T acc[kBlock];
+  const int world = static_cast<int>(rows.size());
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    std::memcpy(acc, static_cast<const T*>(rows[0]) + start, static_cast<size_t>(m) * sizeof(T));
+    for (int r = 1; r < world; ++r) {
+      const T* row = static_cast<const T*>(rows[r]) + start;
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          for (int64_t i = 0; i < m; ++i) acc[i] = acc[i] + row[i];
+          break;
+        case ReduceOp::kMax:
+          for (int64_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], row[i]);
+          break;
+        case ReduceOp::kMin:
+          for (int64_t i = 0; i < m; ++i) acc[i] = std::min(acc[i], row[i]);
+          break;
+      }
     }
-  }
-  if (op == ReduceOp::kAvg) {
-    const T w = static_cast<T>(world);
-    for (int64_t i = 0; i < n; ++i) out[i] = out[i] / w;
+    if (op == ReduceOp::kAvg) {
+      const T w = static_cast<T>(world);
+      for (int64_t i = 0; i < m; ++i) acc[i] = acc[i] / w;
+    }
+    std::memcpy(out + start, acc, static_cast<size_t>(m) * sizeof(T));
   }
 }
 
-void reduce_rows_typed(const void* c, int world, int64_t n, ReduceOp op, void* out,
+void reduce_rows_typed(const std::vector<const void*>& rows, int64_t n, ReduceOp op, void* out,
                        torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat:
-      return reduce_rows(static_cast<const float*>(c), world, n, op, static_cast<float*>(out));
-    case torch::kDouble:
-      return reduce_rows(static_cast<const double*>(c), world, n, op, static_cast<double*>(out));
-    case torch::kInt:
-      return reduce_rows(static_cast<const int32_t*>(c), world, n, op, static_cast<int32_t*>(out));
-    case torch::kLong:
-      return reduce_rows(static_cast<const int64_t*>(c), world, n, op, static_cast<int64_t*>(out));
+    case torch::kFloat: return reduce_rows(rows, n, op, static_cast<float*>(out));
+    case torch::kDouble: return reduce_rows(rows, n, op, static_cast<double*>(out));
+    case torch::kInt: return reduce_rows(rows, n, op, static_cast<int32_t*>(out));
+    case torch::kLong: return reduce_rows(rows, n, op, static_cast<int64_t*>(out));
     default: throw Error("mpi backend: unsupported dtype in reduction");
   }
 }
@@ -76,10 +80,14 @@ void all_reduce_piece(char* data, int64_t n, torch::ScalarType dtype, ReduceOp o
   const MPI_Datatype dt = mpi_type(dtype);
   if (n * elem <= kAllGatherPathMaxBytes || n < world) {
     scratch.resize(static_cast<size_t>(n * elem * world));
-    check_mpi(MPI_Allgather(data, static_cast<int>(n), dt, scratch.data(), static_cast<int>(n), dt,
-                            comm),
-              "MPI_Allgather (all_reduce)", rank);
-    reduce_rows_typed(scratch.data(), world, n, op, data, dtype);
+    MPI_Request req;
+    check_mpi(MPI_Iallgather(data, static_cast<int>(n), dt, scratch.data(), static_cast<int>(n), dt,
+                             comm, &req),
+              "MPI_Iallgather (all_reduce)", rank);
+    wait_request(&req, "MPI_Iallgather (all_reduce)", rank);
+    std::vector<const void*> rows(world);
+    for (int r = 0; r < world; ++r) rows[r] = scratch.data() + int64_t{r} * n * elem;
+    reduce_rows_typed(rows, n, op, data, dtype);
     return;
   }
   // Slice r = [displs[r], displs[r] + counts[r]) is reduced by rank r.
@@ -91,17 +99,27 @@ void all_reduce_piece(char* data, int64_t n, torch::ScalarType dtype, ReduceOp o
     displs[r] = static_cast<int>(off);
     off += counts[r];
   }
+  // This rank's own contribution to its slice is read in place, not sent to itself.
   const int mine = counts[rank];
-  std::vector<int> recv_counts(world, mine), recv_displs(world);
+  std::vector<int> send_counts(counts), recv_counts(world, mine), recv_displs(world);
+  send_counts[rank] = 0;
+  recv_counts[rank] = 0;
   for (int r = 0; r < world; ++r) recv_displs[r] = r * mine;
   scratch.resize(static_cast<size_t>(int64_t{mine} * world * elem));
-  check_mpi(MPI_Alltoallv(data, counts.data(), displs.data(), dt, scratch.data(),
-                          recv_counts.data(), recv_displs.data(), dt, comm),
-            "MPI_Alltoallv (all_reduce)", rank);
-  reduce_rows_typed(scratch.data(), world, mine, op, data + displs[rank] * elem, dtype);
-  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(),
-                           dt, comm),
-            "MPI_Allgatherv (all_reduce)", rank);
+  MPI_Request req;
+  check_mpi(MPI_Ialltoallv(data, send_counts.data(), displs.data(), dt, scratch.data(),
+                           recv_counts.data(), recv_displs.data(), dt, comm, &req),
+            "MPI_Ialltoallv (all_reduce)", rank);
+  wait_request(&req, "MPI_Ialltoallv (all_reduce)", rank);
+  char* my_slice = data + displs[rank] * elem;
+  std::vector<const void*> rows(world);
+  for (int r = 0; r < world; ++r)
+    rows[r] = r == rank ? my_slice : scratch.data() + int64_t{r} * mine * elem;
+  reduce_rows_typed(rows, mine, op, my_slice, dtype);
+  check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(),
+                            dt, comm, &req),
+            "MPI_Iallgatherv (all_reduce)", rank);
+  wait_request(&req, "MPI_Iallgatherv (all_reduce)", rank);
 }
 
 // The tensor MPI actually works on: `t` itself when it is a contiguous CPU tensor of an MPI

@@ -123,6 +123,20 @@ void check_mpi(int code, const char* op, int rank) {
                               mpi_error_string(code)));
 }
 
+void wait_request(MPI_Request* request, const char* op, int rank) {
+  using namespace std::chrono;
+  const auto spin_until = steady_clock::now() + microseconds(50);
+  auto pause = microseconds(20);
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
+    if (done) return;
+    if (steady_clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(pause);
+    if (pause < microseconds(500)) pause *= 2;
+  }
+}
+
 AsyncWork::AsyncWork(std::string what, int rank, double timeout_s)
     : what_(std::move(what)), rank_(rank), timeout_s_(timeout_s) {}
 
