@@ -1,0 +1,115 @@
+// Communicator registry, backend selection (make_communicator), launch detection, and the
+// argument checks every backend shares.
+#include "mllm/dist/communicator.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "mllm/core/error.h"
+#include "mllm/dist/mpi_communicator.h"
+#include "mllm/dist/single_communicator.h"
+
+// Written by framework/mllm/dist/nccl/CMakeLists.txt: MLLM_HAVE_NCCL (0/1) and, when 0, why.
+#if __has_include("mllm/dist/nccl_build_config.h")
+#include "mllm/dist/nccl_build_config.h"
+#endif
+#ifndef MLLM_HAVE_NCCL
+#define MLLM_HAVE_NCCL 0
+#define MLLM_NCCL_BUILD_NOTE "the NCCL build rules (framework/mllm/dist/nccl) were not configured"
+#endif
+#if MLLM_HAVE_NCCL
+#include "mllm/dist/nccl/nccl_communicator.h"
+#endif
+
+namespace mllm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+
+void check_all_reduce_args(const torch::Tensor& t, ReduceOp op, const std::string& backend) {
+  if (!t.defined()) throw Error(backend + " backend: all_reduce of an undefined tensor");
+  const auto st = t.scalar_type();
+  const bool floating = st == torch::kFloat || st == torch::kDouble || st == torch::kHalf ||
+                        st == torch::kBFloat16;
+  const bool integer = st == torch::kInt || st == torch::kLong;
+  if (!floating && !integer)
+    throw Error(fmt::format("{} backend: all_reduce supports float32, float64, float16, bfloat16, "
+                            "int32 and int64 tensors, not {}",
+                            backend, c10::toString(st)));
+  if (op == ReduceOp::kAvg && integer)
+    throw Error(fmt::format("{} backend: all_reduce(avg) needs a floating tensor, got {}; use sum "
+                            "and divide, or convert first",
+                            backend, c10::toString(st)));
+}
+
+void check_root(int root, int world_size, const std::string& backend) {
+  if (root < 0 || root >= world_size)
+    throw Error(fmt::format("{} backend: broadcast root {} is not a rank of this world of {}",
+                            backend, root, world_size));
+}
+
+}  // namespace detail
+
+CommunicatorRegistry& communicator_registry() {
+  static CommunicatorRegistry registry("communicator");
+  return registry;
+}
+
+void register_builtin_communicators() {
+  auto& r = communicator_registry();
+  if (!r.contains("single"))
+    r.add("single", [](const DistConfig&) { return std::make_shared<SingleCommunicator>(); });
+  if (!r.contains("mpi"))
+    r.add("mpi", [](const DistConfig& c) { return std::make_shared<MpiCommunicator>(c.timeout_s); });
+#if MLLM_HAVE_NCCL
+  if (!r.contains("nccl"))
+    r.add("nccl", [](const DistConfig& c) { return make_nccl_communicator(c); });
+#endif
+}
+
+bool launched_under_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return true;
+  }
+  return false;
+}
+
+bool built_with_nccl() { return MLLM_HAVE_NCCL != 0; }
+
+std::shared_ptr<Communicator> make_communicator(const DistConfig& cfg, bool want_cuda) {
+  register_builtin_communicators();
+  std::string backend = cfg.backend;
+  if (backend == "auto") {
+    if (want_cuda && built_with_nccl())
+      backend = "nccl";
+    else
+      backend = launched_under_mpi() ? "mpi" : "single";
+    if (want_cuda && backend != "nccl")
+      spdlog::warn("dist.backend auto: the model is on CUDA but this build has no NCCL ({}); "
+                   "using {} with gradients staged through host memory",
+                   MLLM_NCCL_BUILD_NOTE, backend);
+  }
+  if (backend == "nccl" && !communicator_registry().contains("nccl"))
+    throw ConfigError(fmt::format(
+        "dist.backend: nccl is not available in this build ({}). Build mllm against a "
+        "CUDA-enabled LibTorch with the CUDA toolkit and NCCL installed: cmake -S . -B build "
+        "-DMLLM_WITH_NCCL=ON -DCUDAToolkit_ROOT=/usr/local/cuda "
+        "-DCMAKE_PREFIX_PATH=\"$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')\" "
+        "(a CUDA build of PyTorch/LibTorch). Or set dist.backend: mpi (CPU tensors) or auto.",
+        MLLM_NCCL_BUILD_NOTE));
+  return communicator_registry().create(backend, cfg);
+}
+
+}  // namespace mllm

@@ -1,0 +1,351 @@
+// DataParallel: start-up broadcast and model check, hook-driven bucketed gradient all-reduce,
+// accumulation without communication, token-count loss normalisation, global-norm clipping.
+#include "mllm/dist/data_parallel.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "mllm/core/error.h"
+#include "mllm/dist/bucket_plan.h"
+
+namespace mllm {
+namespace {
+
+std::string shape_str(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? "," : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// One line per tensor: what every rank must agree on before rank 0's values are copied over.
+std::vector<std::string> describe_model(torch::nn::Module& m) {
+  std::vector<std::string> lines;
+  for (const auto& kv : m.named_parameters(true))
+    lines.push_back(fmt::format("parameter {} {} {}{}", kv.key(), c10::toString(kv.value().scalar_type()),
+                                shape_str(kv.value()),
+                                kv.value().requires_grad() ? "" : " (frozen)"));
+  for (const auto& kv : m.named_buffers(true))
+    lines.push_back(fmt::format("buffer {} {} {}", kv.key(), c10::toString(kv.value().scalar_type()),
+                                shape_str(kv.value())));
+  return lines;
+}
+
+// FNV-1a 64 (Fowler/Noll/Vo): a stable, dependency-free hash; collisions are not a security
+// concern here, only accidental mismatches.
+std::string fnv1a_hex(const std::vector<std::string>& lines) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& l : lines) {
+    for (unsigned char c : l) h = (h ^ c) * 1099511628211ULL;
+    h = (h ^ '\n') * 1099511628211ULL;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// Sum of squares in float64, in element order for CPU tensors, so every rank (whatever its
+// thread count) gets the same bits from the same gradient.
+double sum_of_squares(const torch::Tensor& g) {
+  if (g.device().is_cpu() && (g.scalar_type() == torch::kFloat || g.scalar_type() == torch::kDouble)) {
+    torch::Tensor c = g.contiguous();
+    double acc = 0.0;
+    const int64_t n = c.numel();
+    if (c.scalar_type() == torch::kFloat) {
+      const float* p = c.data_ptr<float>();
+      for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    } else {
+      const double* p = c.data_ptr<double>();
+      for (int64_t i = 0; i < n; ++i) acc += p[i] * p[i];
+    }
+    return acc;
+  }
+  return g.detach().to(torch::kDouble).square().sum().item<double>();
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
+                           std::shared_ptr<Communicator> comm, int64_t bucket_bytes)
+    : model_(std::move(model)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes) {
+  if (!model_) throw Error("DataParallel: model is null");
+  if (!comm_) throw Error("DataParallel: communicator is null");
+  if (bucket_bytes_ <= 0)
+    throw Error(fmt::format("DataParallel: bucket size must be positive, got {} bytes "
+                            "(dist.bucket_mb)", bucket_bytes_));
+  std::unordered_set<const void*> seen;  // tied weights appear under two names
+  for (const auto& kv : model_->named_parameters(true)) {
+    const torch::Tensor& p = kv.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    params_.push_back(Param{kv.key(), p});
+  }
+  // Reverse registration order: backward produces the last layers' gradients first.
+  std::vector<BucketTensor> specs;
+  std::vector<size_t> order;
+  for (size_t i = params_.size(); i-- > 0;) {
+    const auto& p = params_[i].tensor;
+    specs.push_back({p.numel() * static_cast<int64_t>(p.element_size()), p.scalar_type(), p.device()});
+    order.push_back(i);
+  }
+  for (const auto& members : plan_buckets(specs, bucket_bytes_)) {
+    Bucket b;
+    for (size_t m : members) {
+      Param& p = params_[order[m]];
+      p.bucket = buckets_.size();
+      p.offset = b.numel;
+      b.numel += p.tensor.numel();
+      b.params.push_back(order[m]);
+    }
+    b.pending = static_cast<int>(b.params.size());
+    buckets_.push_back(std::move(b));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+    MLLM_CHECK(acc, "no gradient accumulator for parameter " + params_[i].name);
+    auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          on_grad_ready(i);
+          return outputs;
+        }));
+    hooks_.emplace_back(std::move(acc), key);
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (auto& h : hooks_) h.first->del_post_hook(h.second);
+  // Buckets still in flight (an exception unwound past finish_gradient_sync) keep their buffers
+  // alive through their Work handles; wait so the backend does not outlive what it writes into.
+  for (auto& b : buckets_) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+void DataParallel::broadcast_and_verify() {
+  const int world = comm_->world_size();
+  const auto lines = describe_model(*model_);
+  const std::string mine = fmt::format("{} ({} tensors)", fnv1a_hex(lines), lines.size());
+  collectives_issued_ += 1;
+  const auto all = comm_->all_gather(mine);
+  std::vector<int> differ;
+  for (int r = 1; r < world; ++r)
+    if (all[r] != all[0]) differ.push_back(r);
+  if (!differ.empty()) {
+    // Every rank saw the same hashes, so every rank takes this branch and joins this gather.
+    collectives_issued_ += 1;
+    const auto texts = comm_->all_gather(join_lines(lines));
+    const auto ref = split_lines(texts[0]);
+    std::string detail;
+    for (int r : differ) {
+      const auto other = split_lines(texts[r]);
+      size_t i = 0;
+      while (i < ref.size() && i < other.size() && ref[i] == other[i]) ++i;
+      const std::string a = i < ref.size() ? ref[i] : "(nothing more)";
+      const std::string b = i < other.size() ? other[i] : "(nothing more)";
+      detail += fmt::format("\n  rank {}: model hash {}; first difference at tensor {}: rank 0 has "
+                            "'{}', rank {} has '{}'",
+                            r, all[r], i, a, r, b);
+    }
+    std::string ranks;
+    for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw CommError(fmt::format(
+        "{} {} built a different model than rank 0 (rank 0: model hash {}).{}\nEvery rank must "
+        "build the model from the same recipe and plugins; check overrides and the plugins: list.",
+        differ.size() == 1 ? "rank" : "ranks", ranks, all[0], detail));
+  }
+
+  // Rank 0's values, coalesced into flat buffers of at most bucket_bytes per dtype.
+  std::vector<torch::Tensor> tensors;
+  for (const auto& kv : model_->named_parameters(true)) tensors.push_back(kv.value());
+  for (const auto& kv : model_->named_buffers(true)) tensors.push_back(kv.value());
+  std::vector<BucketTensor> specs;
+  for (const auto& t : tensors)
+    specs.push_back({t.numel() * static_cast<int64_t>(t.element_size()), t.scalar_type(), t.device()});
+  if (world == 1) return;  // rank 0's values are already in place
+  torch::NoGradGuard no_grad;
+  for (const auto& group : plan_buckets(specs, bucket_bytes_)) {
+    std::vector<torch::Tensor> flat_parts;
+    for (size_t i : group) flat_parts.push_back(tensors[i].detach().reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);
+    collectives_issued_ += 1;
+    comm_->broadcast(flat, 0);
+    int64_t off = 0;
+    for (size_t i : group) {
+      auto& t = tensors[i];
+      t.detach().copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  }
+}
+
+double DataParallel::loss_scale(int64_t local_real_tokens, int64_t* global_real_tokens) {
+  if (local_real_tokens < 0)
+    throw Error(fmt::format("loss_scale: negative real-token count {}", local_real_tokens));
+  torch::Tensor t = torch::tensor({local_real_tokens}, torch::kLong);
+  collectives_issued_ += 1;
+  comm_->all_reduce(t, ReduceOp::kSum);
+  const int64_t global = t.item<int64_t>();
+  if (global_real_tokens) *global_real_tokens = global;
+  if (global == 0) return 0.0;
+  return static_cast<double>(comm_->world_size()) / static_cast<double>(global);
+}
+
+double DataParallel::global_mean_loss(double local_loss_sum, int64_t global_real_tokens) {
+  torch::Tensor t = torch::tensor({local_loss_sum}, torch::kDouble);
+  collectives_issued_ += 1;
+  comm_->all_reduce(t, ReduceOp::kSum);
+  if (global_real_tokens <= 0) return 0.0;
+  return t.item<double>() / static_cast<double>(global_real_tokens);
+}
+
+void DataParallel::set_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_ && !enabled)
+    throw Error("DataParallel::set_sync(false) while a gradient sync is in flight; call "
+                "finish_gradient_sync() after the last micro-step's backward first");
+  sync_enabled_ = enabled;
+}
+
+void DataParallel::on_grad_ready(size_t i) {
+  if (!sync_enabled_.load()) return;  // non-final micro-step: gradients only accumulate
+  std::lock_guard<std::mutex> lock(mu_);
+  Param& p = params_[i];
+  if (p.ready)
+    throw Error(fmt::format(
+        "DataParallel: parameter '{}' received a gradient twice in one synced step; call "
+        "finish_gradient_sync() after each synced backward, and set_sync(false) for the "
+        "micro-steps before the last",
+        p.name));
+  p.ready = true;
+  in_flight_ = true;
+  if (--buckets_[p.bucket].pending == 0) launch_ready_buckets_locked();
+}
+
+void DataParallel::launch_ready_buckets_locked() {
+  // Strictly in bucket order, so every rank issues the same sequence of collectives even when
+  // autograd completes buckets out of order.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0)
+    launch_bucket_locked(buckets_[next_launch_++]);
+}
+
+void DataParallel::launch_bucket_locked(Bucket& b) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& first = params_[b.params.front()].tensor;
+  const int64_t n_params = static_cast<int64_t>(b.params.size());
+  if (!b.buffer.defined())
+    b.buffer = torch::empty({b.numel + n_params}, first.options().requires_grad(false));
+  // The flags say which parameters had a gradient on this rank: after the average a flag > 0
+  // means some rank had one, so the parameter gets a .grad; otherwise it stays undefined.
+  std::vector<float> flags(static_cast<size_t>(n_params), 0.0f);
+  for (int64_t k = 0; k < n_params; ++k) {
+    const Param& p = params_[b.params[k]];
+    torch::Tensor slice = b.buffer.narrow(0, p.offset, p.tensor.numel());
+    const torch::Tensor& g = p.tensor.grad();
+    if (g.defined()) {
+      if (g.is_sparse())
+        throw Error("DataParallel: sparse gradient for parameter '" + p.name + "' is not supported");
+      slice.view(g.sizes()).copy_(g);
+      flags[static_cast<size_t>(k)] = 1.0f;
+    } else {
+      slice.zero_();
+    }
+  }
+  b.buffer.narrow(0, b.numel, n_params).copy_(torch::from_blob(flags.data(), {n_params}, torch::kFloat));
+  collectives_issued_ += 1;
+  b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
+  b.launched = true;
+}
+
+void DataParallel::reset_step_locked() {
+  for (auto& p : params_) p.ready = false;
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+    b.work.reset();
+  }
+  next_launch_ = 0;
+  in_flight_ = false;
+}
+
+void DataParallel::finish_gradient_sync() {
+  if (!sync_enabled_.load()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  try {
+    // Parameters backward did not reach this time: their accumulated .grad (or zeros) is sent.
+    for (size_t bi = next_launch_; bi < buckets_.size(); ++bi) {
+      for (size_t i : buckets_[bi].params) {
+        if (params_[i].ready) continue;
+        params_[i].ready = true;
+        --buckets_[bi].pending;
+      }
+    }
+    launch_ready_buckets_locked();
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      b.work->wait();
+      const int64_t n_params = static_cast<int64_t>(b.params.size());
+      torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
+      const double* f = flags.data_ptr<double>();
+      for (int64_t k = 0; k < n_params; ++k) {
+        if (!(f[k] > 0)) continue;  // no rank had a gradient for it
+        Param& p = params_[b.params[k]];
+        torch::Tensor slice = b.buffer.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+        torch::Tensor& g = p.tensor.mutable_grad();
+        if (g.defined())
+          g.copy_(slice);
+        else
+          g = slice.clone();
+      }
+    }
+  } catch (...) {
+    reset_step_locked();
+    throw;
+  }
+  reset_step_locked();
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_flight_)
+      throw Error("DataParallel::clip_grad_norm called while a gradient sync is in flight; call "
+                  "finish_gradient_sync() first");
+  }
+  double sq = 0.0;
+  for (const auto& p : params_) {
+    const torch::Tensor& g = p.tensor.grad();
+    if (g.defined()) sq += sum_of_squares(g);
+  }
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    const double coef = max_norm / norm;
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      torch::Tensor g = p.tensor.grad();
+      if (g.defined()) g.mul_(coef);
+    }
+  }
+  return norm;
+}
+
+}  // namespace mllm

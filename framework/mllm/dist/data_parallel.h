@@ -1,0 +1,124 @@
+// DataParallel: keeps full model replicas identical across ranks. Start-up broadcast and model
+// check; gradient buckets all-reduced (averaged) from autograd hooks while backward still runs;
+// no communication on non-final micro-steps; global-token loss normalisation; global-norm
+// clipping. Design after PyTorch DDP's c10d reducer (reverse-order buckets by bytes).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "mllm/dist/communicator.h"
+
+namespace mllm {
+
+class DataParallel {
+ public:
+  // `model`: any torch::nn::Module (pass holder.ptr() for ModuleHolder types); its parameters
+  // that require grad are packed into buckets of at most `bucket_bytes` (dist.bucket_mb * 2^20)
+  // in reverse registration order, and an autograd hook is registered on each (on its gradient
+  // accumulator, so it fires once the parameter's .grad holds this backward's contribution).
+  // Parameters shared under two names count once. Sync starts enabled.
+  // Throws Error when bucket_bytes <= 0 or model/comm is null.
+  DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<Communicator> comm,
+               int64_t bucket_bytes);
+  // Removes the hooks.
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Collective. Compares a hash of every parameter's and buffer's name, dtype and shape across
+  // ranks, then copies all parameters and buffers from rank 0 to every rank. Throws CommError
+  // naming the ranks that differ from rank 0 and their first differing tensor (on every rank,
+  // so nobody is left waiting).
+  void broadcast_and_verify();
+
+  // Collective (one all-reduce of one int64). `local_real_tokens`: this rank's real (non-PAD)
+  // target tokens over all micro-batches of the optimizer step. Returns the factor each
+  // micro-batch's *summed* per-token loss must be multiplied by before backward:
+  // world_size / global_real_tokens. With the averaging all-reduce this makes the step's gradient
+  // grad(sum of per-token losses over the global batch) / global_real_tokens, i.e. the token mean
+  // over the whole global batch, not a mean of per-micro-batch means. Returns 0 when the global
+  // batch has no real token. `global_real_tokens` (optional) receives the global count.
+  // Throws Error for a negative count.
+  double loss_scale(int64_t local_real_tokens, int64_t* global_real_tokens = nullptr);
+
+  // Collective (one all-reduce of one double): the global-batch mean loss for logging,
+  // sum over ranks of `local_loss_sum` (this rank's summed, unscaled per-token loss for the step)
+  // divided by `global_real_tokens` (from loss_scale). Returns 0 when global_real_tokens is 0.
+  double global_mean_loss(double local_loss_sum, int64_t global_real_tokens);
+
+  // enabled = false: the next backward passes do no communication at all (non-final micro-steps
+  // of gradient accumulation; gradients keep accumulating in .grad locally). enabled = true
+  // before the last micro-step's backward. Throws Error while a sync is in flight (between a
+  // synced backward and finish_gradient_sync).
+  void set_sync(bool enabled);
+  bool sync_enabled() const { return sync_enabled_.load(); }
+
+  // Call after the last micro-step's backward: launches the buckets that backward did not
+  // complete (parameters that got no gradient in that backward contribute their accumulated .grad
+  // from earlier micro-steps, or zeros), waits for every bucket, and writes the averaged values
+  // into each parameter's .grad. A parameter with no gradient on any rank keeps an undefined
+  // .grad. Afterwards .grad is bitwise identical on every rank. No-op while sync is disabled.
+  // Throws CommError when a collective fails.
+  void finish_gradient_sync();
+
+  // Global L2 norm of the (synced) gradients, sqrt(sum of squares) accumulated in float64 in a
+  // fixed order, so identical on all ranks without communication. When max_norm > 0 and the norm
+  // exceeds it, every gradient is multiplied by max_norm / norm (as torch.nn.utils.
+  // clip_grad_norm_, without its 1e-6 guard, which only matters for norms near 0 where nothing is
+  // clipped). A non-finite norm is returned without clipping. Returns the pre-clip norm.
+  double clip_grad_norm(double max_norm);
+
+  // Collectives DataParallel itself has started (buckets, loss_scale, start-up checks).
+  int64_t collectives_issued() const { return collectives_issued_.load(); }
+
+  // Introspection for tests and logs.
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  int64_t bucket_bytes() const { return bucket_bytes_; }
+  const std::shared_ptr<Communicator>& communicator() const { return comm_; }
+
+ private:
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;   // shares the module's parameter
+    size_t bucket = 0;
+    int64_t offset = 0;     // element offset in the bucket buffer
+    bool ready = false;     // its hook fired (or was stood in for) in the current synced step
+  };
+  struct Bucket {
+    std::vector<size_t> params;  // indices into params_
+    int64_t numel = 0;           // gradient elements; a "used" flag per parameter follows them
+    int pending = 0;             // parameters not ready yet in the current synced step
+    bool launched = false;
+    torch::Tensor buffer;        // [numel + params.size()], allocated on first launch
+    std::shared_ptr<Work> work;
+  };
+
+  void on_grad_ready(size_t param_index);          // the autograd hook
+  void launch_ready_buckets_locked();              // in bucket order, as the prefix completes
+  void launch_bucket_locked(Bucket& b);
+  void reset_step_locked();
+
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<Communicator> comm_;
+  int64_t bucket_bytes_;
+  std::vector<Param> params_;    // parameters that require grad, registration order
+  std::vector<Bucket> buckets_;  // launch order (the same on every rank)
+  size_t next_launch_ = 0;       // buckets before this one have been launched this step
+  bool in_flight_ = false;       // a synced step has started (a hook fired) and is not finished
+  std::atomic<bool> sync_enabled_{true};
+  std::atomic<int64_t> collectives_issued_{0};
+  // Why a mutex: the autograd engine may call hooks from its device threads concurrently.
+  std::mutex mu_;
+  // (gradient accumulator, hook key) pairs; holding the accumulators keeps them (and so the
+  // hooks) alive across backward passes, as the c10d reducer does.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+};
+
+}  // namespace mllm

@@ -1,0 +1,51 @@
+// The `nccl` backend: a thin LibTorch adapter over NcclCore for CUDA tensors; host-side values
+// (all-gathers, barrier) and CPU tensors go over MPI. Built only against a CUDA-enabled LibTorch.
+#pragma once
+
+#include <memory>
+
+#include "mllm/dist/communicator.h"
+#include "mllm/dist/mpi_communicator.h"
+#include "mllm/dist/nccl/nccl_core.h"
+
+namespace mllm {
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Collective: builds an MpiCommunicator (bootstrap, host values), binds this rank to CUDA
+  // device local_rank, and creates the NCCL communicator. Throws CommError on failure (e.g.
+  // more ranks on a node than GPUs).
+  explicit NcclCommunicator(double timeout_s);
+  ~NcclCommunicator() override;
+
+  std::string backend() const override { return "nccl"; }
+  int rank() const override { return mpi_->rank(); }
+  int world_size() const override { return mpi_->world_size(); }
+  int local_rank() const override { return mpi_->local_rank(); }
+  int local_size() const override { return mpi_->local_size(); }
+
+  // CUDA tensors: NCCL on its own stream, started after the work already queued on LibTorch's
+  // current stream (event record + stream wait) and, on wait(), LibTorch's current stream waits
+  // for it (event) before the host waits for completion with dist.timeout_s. The tensor's memory
+  // is recorded on the NCCL stream so the caching allocator does not reuse it too early.
+  // CPU tensors: delegated to MPI.
+  void all_reduce(torch::Tensor& t, ReduceOp op) override;
+  std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
+  void broadcast(torch::Tensor& t, int root) override;
+  void barrier() override;
+  std::vector<int64_t> all_gather(int64_t value) override;
+  std::vector<double> all_gather(double value) override;
+  std::vector<std::string> all_gather(const std::string& value) override;
+
+  nccl::NcclCore& core() { return *core_; }
+
+ private:
+  std::shared_ptr<MpiCommunicator> mpi_;
+  std::unique_ptr<nccl::NcclCore> core_;
+  double timeout_s_;
+};
+
+// Registry factory (communicator.cpp registers it as "nccl" in builds that have it).
+std::shared_ptr<Communicator> make_nccl_communicator(const DistConfig& cfg);
+
+}  // namespace mllm

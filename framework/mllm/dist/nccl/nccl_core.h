@@ -1,0 +1,104 @@
+// The NCCL core of the nccl backend: communicator set-up from a unique id broadcast over MPI,
+// and collectives on raw device pointers on NCCL's own stream, ordered after a caller's stream
+// with CUDA events. Free of LibTorch (and of CUDA headers in this header), so CI compiles and
+// links it against the CUDA toolkit and NCCL even where LibTorch has no CUDA.
+#pragma once
+
+// C API only: without this, OpenMPI's mpi.h drags in its deprecated C++ bindings, whose symbols
+// live in libmpi_cxx, which we do not link.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+// Opaque CUDA/NCCL handles (cudaStream_t = CUstream_st*, cudaEvent_t = CUevent_st*,
+// ncclComm_t = ncclComm*), declared here so users need not include cuda_runtime.h or nccl.h.
+struct CUstream_st;
+struct CUevent_st;
+struct ncclComm;
+
+namespace mllm::nccl {
+
+using Stream = CUstream_st*;
+
+enum class DataType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8 };
+enum class RedOp { kSum, kAvg, kMax, kMin };  // kAvg: ncclAvg (NCCL >= 2.10)
+
+class NcclCore;
+
+// Completion of one enqueued collective: an event recorded on the NCCL stream right after it.
+class NcclEvent {
+ public:
+  ~NcclEvent();
+  NcclEvent(const NcclEvent&) = delete;
+  NcclEvent& operator=(const NcclEvent&) = delete;
+  // Device-side ordering: work enqueued on `stream` afterwards starts only after the collective.
+  // Does not block the host. Throws CommError when CUDA fails.
+  void block_stream(Stream stream) const;
+  // True when the collective has finished on the device.
+  bool done() const;
+  // Blocks the host until the collective has finished, polling the communicator for
+  // asynchronous NCCL errors. After `timeout_s` (> 0), or on an NCCL error, aborts the NCCL
+  // communicator (ncclCommAbort, so no kernel spins forever) and throws CommError naming
+  // `what`, the rank and the error.
+  void synchronize(double timeout_s, const std::string& what) const;
+
+ private:
+  friend class NcclCore;
+  NcclEvent(NcclCore* core, int device);
+  NcclCore* core_;
+  int device_;
+  CUevent_st* event_ = nullptr;
+};
+
+class NcclCore {
+ public:
+  // Collective over `comm` (every rank calls it): selects `device` (cudaSetDevice), creates a
+  // non-blocking stream, and builds the NCCL communicator from a unique id that rank 0 makes and
+  // MPI_Bcast's. Throws CommError naming the call, the rank and the code on any failure.
+  NcclCore(MPI_Comm comm, int device);
+  // Destroys the communicator (ncclCommDestroy, or nothing after abort()), stream and events.
+  ~NcclCore();
+  NcclCore(const NcclCore&) = delete;
+  NcclCore& operator=(const NcclCore&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  int device() const { return device_; }
+  Stream stream() const { return stream_; }
+
+  // Enqueues an in-place all-reduce of `count` elements at device pointer `buf` on the NCCL
+  // stream, after all work already enqueued on `producer` (the stream that wrote `buf`; may be
+  // null for the legacy default stream). Returns its completion event. Throws CommError.
+  std::shared_ptr<NcclEvent> all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
+                                        Stream producer);
+  // In-place broadcast of `bytes` bytes at device pointer `buf` from `root`, ordered the same way.
+  std::shared_ptr<NcclEvent> broadcast(void* buf, size_t bytes, int root, Stream producer);
+
+  // ncclCommAbort: frees a communicator stuck in a collective. Later calls throw CommError.
+  void abort();
+  bool aborted() const { return aborted_; }
+  // Throws CommError when NCCL reports an asynchronous error for this communicator.
+  void check_async_error(const std::string& what) const;
+
+ private:
+  friend class NcclEvent;
+  void order_after(Stream producer);  // NCCL stream waits for producer's current work
+
+  MPI_Comm mpi_comm_;
+  int rank_ = 0, world_ = 1, device_ = 0;
+  ncclComm* comm_ = nullptr;
+  Stream stream_ = nullptr;
+  CUevent_st* ready_ = nullptr;  // recorded on the producer stream, waited on by ours
+  bool aborted_ = false;
+};
+
+// "NCCL 2.28.9 (CUDA runtime 13000)" from the linked libraries, for logs.
+std::string nccl_version_string();
+
+}  // namespace mllm::nccl

@@ -1,0 +1,81 @@
+// The nccl backend through LibTorch (GPU builds only): collectives on CUDA tensors ordered with
+// LibTorch's current stream, CPU tensors over MPI, and one DataParallel step on CUDA against a
+// CPU single-process reference. One GPU per rank.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "dist/tiny_lm.h"
+#include "mllm/core/error.h"
+#include "mllm/dist/data_parallel.h"
+
+using namespace mllm;
+
+namespace {
+std::shared_ptr<Communicator> nccl_world() {
+  static std::shared_ptr<Communicator> comm = [] {
+    DistConfig cfg;
+    cfg.backend = "nccl";
+    cfg.timeout_s = 60;
+    return make_communicator(cfg, /*want_cuda=*/true);
+  }();
+  return comm;
+}
+torch::Device my_device() { return torch::Device(torch::kCUDA, nccl_world()->local_rank()); }
+}  // namespace
+
+TEST(NcclCommunicator, WorldMatchesLauncher) {
+  const char* want = std::getenv("MLLM_TEST_WORLD_SIZE");
+  ASSERT_TRUE(want);
+  EXPECT_EQ(nccl_world()->world_size(), std::atoi(want));
+  EXPECT_EQ(nccl_world()->backend(), "nccl");
+  DistConfig cfg;  // auto + CUDA model -> nccl
+  EXPECT_EQ(make_communicator(cfg, true)->backend(), "nccl");
+}
+
+TEST(NcclCommunicator, AllReduceOnCurrentStreamWithoutHostSync) {
+  auto c = nccl_world();
+  const int n = c->world_size(), r = c->rank();
+  // Produced by a kernel on LibTorch's current stream, consumed by another: no synchronize.
+  auto t = torch::full({1 << 20}, static_cast<float>(r + 1), torch::TensorOptions().device(my_device()));
+  t.mul_(2.0f);
+  auto w = c->all_reduce_async(t, ReduceOp::kSum);
+  w->wait();
+  auto s = t.sum().item<double>();
+  EXPECT_DOUBLE_EQ(s, (1 << 20) * 2.0 * n * (n + 1) / 2.0);
+  auto cpu = torch::full({3}, static_cast<double>(r), torch::kDouble);  // goes over MPI
+  c->all_reduce(cpu, ReduceOp::kMax);
+  EXPECT_EQ(cpu[0].item<double>(), n - 1);
+  auto b = torch::full({5}, static_cast<float>(r), torch::TensorOptions().device(my_device()));
+  c->broadcast(b, n - 1);
+  EXPECT_EQ(b.cpu()[4].item<float>(), static_cast<float>(n - 1));
+}
+
+TEST(NcclCommunicator, DataParallelStepMatchesCpuReference) {
+  auto c = nccl_world();
+  const int n = c->world_size(), r = c->rank();
+  std::vector<int64_t> real;
+  for (int i = 0; i < 2 * n; ++i) real.push_back(1 + (i * 3) % 10);
+  auto g = mllm::test::make_batch(real, 10, 13, 7);
+  auto ref = mllm::test::make_tiny_lm(3);
+  mllm::test::mean_loss(*ref, g.inputs, g.targets).backward();
+
+  auto model = mllm::test::make_tiny_lm(3 + r);
+  model->to(my_device());
+  DataParallel dp(model, c, 1024);
+  dp.broadcast_and_verify();
+  auto mb = mllm::test::slice(g, 2 * r, 2);
+  const double scale = dp.loss_scale(mb.real_tokens);
+  (mllm::test::summed_loss(*model, mb.inputs.to(my_device()), mb.targets.to(my_device())) * scale)
+      .backward();
+  dp.finish_gradient_sync();
+  auto rp = ref->named_parameters();
+  for (const auto& kv : model->named_parameters()) {
+    auto got = kv.value().grad().cpu();
+    const auto& want = rp[kv.key()].grad();
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * want.abs().max().item<double>())
+        << kv.key();
+    auto hashes = c->all_gather(mllm::test::bytes_hash(got));
+    for (const auto& h : hashes) EXPECT_EQ(h, hashes[0]) << kv.key();
+  }
+}

@@ -1,0 +1,166 @@
+// The single backend, backend selection (make_communicator) and launch detection, without MPI.
+#include <cstdlib>
+#include <future>
+
+#include <gtest/gtest.h>
+
+#include "mllm/core/error.h"
+#include "mllm/dist/communicator.h"
+#include "mllm/dist/mpi_runtime.h"
+
+using namespace mllm;
+
+namespace {
+// Unsets the launcher variables for one test and restores them after.
+class NoLauncherEnv {
+ public:
+  NoLauncherEnv() {
+    for (const char* v : kVars) {
+      const char* val = std::getenv(v);
+      saved_.emplace_back(v, val ? std::optional<std::string>(val) : std::nullopt);
+      unsetenv(v);
+    }
+  }
+  ~NoLauncherEnv() {
+    for (auto& [k, v] : saved_) {
+      if (v)
+        setenv(k.c_str(), v->c_str(), 1);
+      else
+        unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  static constexpr const char* kVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+std::shared_ptr<Communicator> single() {
+  DistConfig cfg;
+  cfg.backend = "single";
+  return make_communicator(cfg);
+}
+}  // namespace
+
+TEST(LaunchDetection, ReadsLauncherVariables) {
+  NoLauncherEnv env;
+  EXPECT_FALSE(launched_under_mpi());
+  setenv("PMI_SIZE", "4", 1);
+  EXPECT_TRUE(launched_under_mpi());
+  unsetenv("PMI_SIZE");
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_TRUE(launched_under_mpi());
+}
+
+TEST(MakeCommunicator, AutoWithoutLauncherIsSingle) {
+  NoLauncherEnv env;
+  DistConfig cfg;  // backend: auto
+  auto c = make_communicator(cfg);
+  EXPECT_EQ(c->backend(), "single");
+  EXPECT_EQ(c->world_size(), 1);
+}
+
+TEST(MakeCommunicator, NcclInThisBuildIsAConfigErrorSayingHowToBuild) {
+  if (built_with_nccl()) GTEST_SKIP() << "this build has the nccl backend";  // GPU builds only
+  DistConfig cfg;
+  cfg.backend = "nccl";
+  try {
+    make_communicator(cfg, /*want_cuda=*/true);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("MLLM_WITH_NCCL=ON"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cmake_prefix_path"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("CUDA-enabled LibTorch"), std::string::npos) << msg;
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+TEST(MakeCommunicator, UnknownBackendListsKnownOnes) {
+  DistConfig cfg;
+  cfg.backend = "gloo";
+  try {
+    make_communicator(cfg);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("mpi"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("single"), std::string::npos) << msg;
+  }
+}
+
+TEST(MakeCommunicator, RegistryHasBuiltins) {
+  register_builtin_communicators();
+  register_builtin_communicators();  // idempotent
+  EXPECT_TRUE(communicator_registry().contains("mpi"));
+  EXPECT_TRUE(communicator_registry().contains("single"));
+  EXPECT_EQ(communicator_registry().contains("nccl"), built_with_nccl());
+}
+
+TEST(SingleCommunicator, CollectivesAreIdentityAndCounted) {
+  auto c = single();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->local_rank(), 0);
+  EXPECT_EQ(c->local_size(), 1);
+  auto t = torch::tensor({1.5f, -2.0f});
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    c->all_reduce(t, op);
+    EXPECT_TRUE(torch::equal(t, torch::tensor({1.5f, -2.0f})));
+  }
+  c->all_reduce_async(t, ReduceOp::kSum)->wait();
+  c->broadcast(t, 0);
+  c->barrier();
+  EXPECT_EQ(c->all_gather(int64_t{7}), std::vector<int64_t>{7});
+  EXPECT_EQ(c->all_gather(2.5), std::vector<double>{2.5});
+  EXPECT_EQ(c->all_gather(std::string("abc")), std::vector<std::string>{"abc"});
+  EXPECT_EQ(c->collectives_issued(), 4 + 1 + 1 + 1 + 3);
+}
+
+TEST(SingleCommunicator, RejectsWhatOtherBackendsReject) {
+  auto c = single();
+  auto ints = torch::tensor({1, 2}, torch::kLong);
+  EXPECT_THROW(c->all_reduce(ints, ReduceOp::kAvg), Error);  // avg of integers
+  auto flags = torch::tensor({true, false});
+  EXPECT_THROW(c->all_reduce(flags, ReduceOp::kSum), Error);  // bool
+  EXPECT_THROW(c->broadcast(ints, 1), Error);                 // root outside the world
+  torch::Tensor undefined;
+  EXPECT_THROW(c->all_reduce(undefined, ReduceOp::kSum), Error);
+}
+
+TEST(ReduceOpName, Names) {
+  EXPECT_STREQ(reduce_op_name(ReduceOp::kSum), "sum");
+  EXPECT_STREQ(reduce_op_name(ReduceOp::kAvg), "avg");
+  EXPECT_STREQ(reduce_op_name(ReduceOp::kMax), "max");
+  EXPECT_STREQ(reduce_op_name(ReduceOp::kMin), "min");
+}
+
+TEST(AbortJob, ReturnsWithoutMpi) {
+  abort_job(3);  // MPI not running here: must return so main can exit normally
+  SUCCEED();
+}
+
+TEST(AsyncWork, TimeoutWithNobodyToAbortThrowsCommError) {
+  // A task that cannot finish before the test lets it: the wait must time out, find no MPI job
+  // to abort, and throw. Then the task is released so the communication thread drains.
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  auto work = mllm::detail::submit_mpi_task("test collective", 0, 0.05, [released] { released.wait(); });
+  try {
+    work->wait();
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test collective did not finish within dist.timeout_s"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  }
+  release.set_value();
+  auto after = mllm::detail::submit_mpi_task("after", 0, 0, [] {});
+  after->wait();
+  EXPECT_TRUE(work->done());
+}
+
+TEST(AsyncWork, TaskErrorsComeBackFromWait) {
+  auto work = mllm::detail::submit_mpi_task("failing", 0, 10.0, [] { throw CommError("boom"); });
+  EXPECT_THROW(work->wait(), CommError);
+}
