@@ -151,6 +151,13 @@ int main(int argc, char** argv) {
                 total * 1e3, tail * 1e3);
     std::printf("hidden  %8.1f %%   of the communication behind backward = (T_bwd + T_comm - T_total) / T_comm\n",
                 100 * hidden);
+    // Where the time went: how much of the all-reduce ran while backward was still running, and
+    // how much longer backward itself took with the communication thread active (contention for
+    // cores and memory bandwidth: on CPU, moving and summing gradients is itself CPU work).
+    std::printf("        %8.1f %%   of T_comm ran concurrently with backward = 1 - finish wait / T_comm\n",
+                100 * (1 - tail / cm));
+    std::printf("        %8.1f ms  backward slowdown while communicating = T_total - finish wait - T_bwd\n",
+                (total - tail - bwd) * 1e3);
   }
   return 0;
 }

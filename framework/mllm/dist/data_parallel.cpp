@@ -79,6 +79,15 @@ double sum_of_squares(const torch::Tensor& g) {
   return g.detach().to(torch::kDouble).square().sum().item<double>();
 }
 
+// `sizes` elements of `buffer` from element `offset`, as a tensor of its own rather than an
+// autograd view: optimizers' zero_grad() calls detach_() on .grad, which views refuse. The
+// deleter holds a reference, so the bucket lives as long as any gradient aliasing it.
+torch::Tensor bucket_alias(const torch::Tensor& buffer, int64_t offset, at::IntArrayRef sizes) {
+  void* ptr = static_cast<char*>(buffer.data_ptr()) + offset * static_cast<int64_t>(buffer.element_size());
+  torch::Tensor keep = buffer;
+  return torch::from_blob(ptr, sizes, [keep](void*) {}, buffer.options().requires_grad(false));
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
@@ -253,7 +262,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
   const torch::Tensor& first = params_[b.params.front()].tensor;
   const int64_t n_params = static_cast<int64_t>(b.params.size());
   if (!b.buffer.defined())
-    b.buffer = torch::empty({b.numel + n_params}, first.options().requires_grad(false));
+    b.buffer = torch::zeros({b.numel + n_params}, first.options().requires_grad(false));
   // The flags say which parameters had a gradient on this rank: after the average a flag > 0
   // means some rank had one, so the parameter gets a .grad; otherwise it stays undefined.
   std::vector<float> flags(static_cast<size_t>(n_params), 0.0f);
@@ -264,7 +273,14 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
     if (g.defined()) {
       if (g.is_sparse())
         throw Error("DataParallel: sparse gradient for parameter '" + p.name + "' is not supported");
-      slice.view(g.sizes()).copy_(g);
+      if (g.data_ptr() != slice.data_ptr()) {
+        // First step, or the grads were reset to undefined: copy this one in and make .grad
+        // alias the bucket from now on. Autograd then accumulates straight into the bucket
+        // (in place, as it does for a defined .grad) and the averaged result lands in .grad
+        // without a copy either way (PyTorch DDP's gradient_as_bucket_view).
+        slice.view(g.sizes()).copy_(g);
+        p.tensor.mutable_grad() = bucket_alias(b.buffer, p.offset, p.tensor.sizes());
+      }
       flags[static_cast<size_t>(k)] = 1.0f;
     } else {
       slice.zero_();
@@ -309,12 +325,12 @@ void DataParallel::finish_gradient_sync() {
       for (int64_t k = 0; k < n_params; ++k) {
         if (!(f[k] > 0)) continue;  // no rank had a gradient for it
         Param& p = params_[b.params[k]];
-        torch::Tensor slice = b.buffer.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+        torch::Tensor slice = b.buffer.narrow(0, p.offset, p.tensor.numel());
         torch::Tensor& g = p.tensor.mutable_grad();
-        if (g.defined())
-          g.copy_(slice);
-        else
-          g = slice.clone();
+        // Usually .grad already aliases the bucket (launch made it so); a parameter that had no
+        // gradient here but had one on another rank gets its alias now.
+        if (!g.defined() || g.data_ptr() != slice.data_ptr())
+          g = bucket_alias(b.buffer, p.offset, p.tensor.sizes());
       }
     }
   } catch (...) {

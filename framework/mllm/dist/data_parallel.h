@@ -23,7 +23,8 @@ class DataParallel {
   // that require grad are packed into buckets of at most `bucket_bytes` (dist.bucket_mb * 2^20)
   // in reverse registration order, and an autograd hook is registered on each (on its gradient
   // accumulator, so it fires once the parameter's .grad holds this backward's contribution).
-  // Parameters shared under two names count once. Sync starts enabled.
+  // Parameters shared under two names count once. Sync starts enabled. Build it after the model
+  // is on its device and in its final dtype (buckets are planned per dtype and device).
   // Throws Error when bucket_bytes <= 0 or model/comm is null.
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<Communicator> comm,
                int64_t bucket_bytes);
@@ -65,6 +66,8 @@ class DataParallel {
   // from earlier micro-steps, or zeros), waits for every bucket, and writes the averaged values
   // into each parameter's .grad. A parameter with no gradient on any rank keeps an undefined
   // .grad. Afterwards .grad is bitwise identical on every rank. No-op while sync is disabled.
+  // After the first synced step each .grad aliases its bucket's buffer (no copies in or out);
+  // zero_grad() keeps that, grads reset to undefined cost one copy at the next sync.
   // Throws CommError when a collective fails.
   void finish_gradient_sync();
 

@@ -123,17 +123,23 @@ void check_mpi(int code, const char* op, int rank) {
                               mpi_error_string(code)));
 }
 
+// Polling schedule of wait_request (see mpi_runtime.h).
+constexpr int kYieldPollUs = 1000, kMinSleepUs = 25, kMaxSleepUs = 200;
+
 void wait_request(MPI_Request* request, const char* op, int rank) {
   using namespace std::chrono;
-  const auto spin_until = steady_clock::now() + microseconds(50);
-  auto pause = microseconds(20);
+  const auto yield_until = steady_clock::now() + microseconds(kYieldPollUs);
+  auto pause = microseconds(kMinSleepUs);
   for (;;) {
     int done = 0;
     check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
     if (done) return;
-    if (steady_clock::now() < spin_until) continue;
+    if (steady_clock::now() < yield_until) {
+      std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(pause);
-    if (pause < microseconds(500)) pause *= 2;
+    if (pause < microseconds(kMaxSleepUs)) pause *= 2;
   }
 }
 

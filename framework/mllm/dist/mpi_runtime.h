@@ -29,11 +29,12 @@ std::string mpi_error_string(int code);
 // MPI_SUCCESS. `rank` is the caller's rank in the job (-1 when unknown).
 void check_mpi(int code, const char* op, int rank);
 
-// Completes a non-blocking MPI request on the communication thread without burning a core:
-// MPI_Test in a tight loop for the first ~50 us (latency-bound small messages), then with sleeps
-// growing from 20 us to 500 us. Why not MPI_Wait: OpenMPI's wait spins, and a spinning
-// communication thread takes CPU time from backward on machines without a spare core per rank;
-// each test still progresses the transfer. Throws CommError naming `op` and `rank` on failure.
+// Completes a non-blocking MPI request on the communication thread without hogging a core:
+// MPI_Test with a yield between tries for the first 1 ms (each try progresses the transfer;
+// the yield hands the core to backward when it wants it), then with sleeps growing from 25 to
+// 200 us (a peer that is still busy computing). Why not MPI_Wait: OpenMPI's wait spins, and a
+// spinning communication thread takes CPU time from backward on machines without a spare core
+// per rank. Throws CommError naming `op` and `rank` on failure.
 void wait_request(MPI_Request* request, const char* op, int rank);
 
 // Handle of one task queued on the communication thread. wait() blocks until the task has run;

@@ -218,3 +218,22 @@ TEST(DataParallel, TiedWeightsCountOnce) {
   EXPECT_EQ(comm->launched_numel, (std::vector<int64_t>{8}));
   EXPECT_NEAR(dp.clip_grad_norm(0), std::sqrt(4 * 4.0 + 2), 1e-9);
 }
+
+TEST(DataParallel, GradsStayUsableByOptimizersAndZeroGradAcrossSteps) {
+  // After the first sync .grad aliases the bucket; optimizer and module zero_grad (which detach
+  // grads) must work on it, and a second step must still produce the right gradient.
+  torch::manual_seed(0);
+  auto model = std::make_shared<Chain>();
+  auto comm = single();
+  DataParallel dp(model, comm, 80);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.0));
+  for (int step = 0; step < 3; ++step) {
+    if (step == 1) opt.zero_grad();
+    if (step == 2) model->zero_grad(/*set_to_none=*/true);
+    model->forward(torch::ones({2, 4})).sum().backward();
+    dp.finish_gradient_sync();
+    // d/d l3.bias of sum over 2 rows and 4 outputs = 2 per entry (lr 0: parameters unchanged).
+    EXPECT_TRUE(torch::equal(model->l3->bias.grad(), torch::full({4}, 2.0f))) << "step " << step;
+    opt.step();
+  }
+}

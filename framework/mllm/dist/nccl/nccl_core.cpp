@@ -121,7 +121,12 @@ void NcclEvent::synchronize(double timeout_s, const std::string& what) const {
   const auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(10);
   while (!done()) {
-    core_->check_async_error(what);
+    try {
+      core_->check_async_error(what);
+    } catch (const CommError&) {
+      core_->abort();  // a failed communicator may leave kernels spinning; free them
+      throw;
+    }
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (timeout_s > 0 && waited > timeout_s) {
