@@ -11,10 +11,10 @@
 
 #include "mllm/core/recipe.h"
 #include "mllm/core/registry.h"
+#include "mllm/core/special_tokens.h"
 
 namespace mllm {
 
-inline constexpr int32_t kPadId = 0, kUnkId = 1, kBosId = 2, kEosId = 3;
 inline constexpr int32_t kNumSpecialIds = 4;
 // Names of the special ids, index = id. Text equal to these is ordinary text, never a special.
 inline constexpr const char* kSpecialPieces[kNumSpecialIds] = {"<PAD>", "<UNK>", "<BOS>", "<EOS>"};

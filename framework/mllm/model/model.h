@@ -12,12 +12,12 @@
 #include "mllm/core/recipe.h"
 #include "mllm/core/registry.h"
 
+#include "mllm/core/special_tokens.h"
+
 namespace mllm {
 
-// Token id of padding. Keys equal to it are masked in attention and targets equal to it are
-// ignored by the loss. Matches the data area's int32 PAD id (mllm/data/tokenizer.h), which the
-// model does not include: layers only point down.
-inline constexpr int64_t kPadId = 0;
+// kPadId (core/special_tokens.h): keys equal to it are masked in attention, targets equal to it
+// are ignored by the loss.
 
 // Keys and values of every layer for incremental decoding (see LanguageModel::forward_cached).
 // Start with a default-constructed (empty) cache; one cache serves one batch of sequences.
