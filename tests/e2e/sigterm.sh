@@ -3,8 +3,9 @@
 # mllm-generate can load it.
 source "$(dirname "$0")/common.sh"
 OUT="$WORK/run"
-train 1 "$OUT" train.max_steps=100000 checkpoint.every_steps=0 eval.every_steps=0 \
-  > "$WORK/log" 2>&1 &
+# Started directly (not through train()) so that $! is mllm-train itself, not a subshell.
+"$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$OUT" "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]" \
+  train.max_steps=100000 checkpoint.every_steps=0 eval.every_steps=0 > "$WORK/log" 2>&1 &
 PID=$!
 for _ in $(seq 1 600); do  # wait (at most 60 s) until a few steps are done
   [ -f "$OUT/metrics.jsonl" ] && [ "$(wc -l < "$OUT/metrics.jsonl")" -ge 3 ] && break
