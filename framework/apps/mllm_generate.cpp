@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mllm/core/plugin.h"
 #include "mllm/core/recipe.h"
 #include "mllm/data/tokenizer.h"
 #include "mllm/model/generate.h"
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     const std::string folder = mllm::find_resume_checkpoint(checkpoint, "").value();
     mllm::Recipe recipe = mllm::load_recipe_string(mllm::read_checkpoint_recipe(folder),
                                                    folder + "/recipe.yaml");
+    mllm::load_plugins(recipe.plugins);  // the model may come from a plugin
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     auto tokenizer = mllm::load_tokenizer(mllm::checkpoint_tokenizer_path(folder));
     auto model = mllm::model_registry().create(recipe.model.type, recipe.model,

@@ -11,6 +11,8 @@
 #include "mllm/core/recipe.h"
 #include "mllm/data/prepare.h"
 #include "mllm/data/tokenizer.h"
+#include "mllm/core/plugin.h"
+#include "mllm/train/builtins.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mllm-prepare: tokenize a recipe's corpus into token shards (tokenizer, "
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
     mllm::init_logging(0, 1, mllm::resolve_log_level("info"));
     const mllm::Recipe recipe = mllm::load_recipe(recipe_path, overrides);
     mllm::init_logging(0, 1, mllm::resolve_log_level(recipe.log.level));
-    mllm::register_builtin_tokenizers();
+    mllm::register_builtins();
+    mllm::load_plugins(recipe.plugins);  // a plugin may provide the tokenizer
     const auto& data = recipe.data;
     if (!force && mllm::is_prepared(data)) {
       const auto p = mllm::prepared_paths(data);

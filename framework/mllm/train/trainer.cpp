@@ -15,6 +15,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/core/logging.h"
+#include "mllm/core/plugin.h"
 #include "mllm/data/prepare.h"
 #include "mllm/model/generate.h"
 #include "mllm/model/loss.h"
@@ -113,6 +114,7 @@ Trainer::Trainer(Recipe recipe, std::shared_ptr<Communicator> comm)
     : recipe_(std::move(recipe)), comm_(std::move(comm)) {
   validate_for_world(recipe_, comm_->world_size());
   register_builtins();
+  load_plugins(recipe_.plugins);  // before anything is built: plugins may provide any part
   run_dir_ = recipe_.run.out_dir;
   build();
 }
