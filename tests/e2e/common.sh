@@ -3,7 +3,7 @@
 set -euo pipefail
 : "${MLLM_BIN:?set by ctest}" "${MLLM_SOURCE_DIR:?set by ctest}"
 WORK=$(mktemp -d /tmp/mllm_e2e.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT  # never leave a trainer running
 CACHE="$WORK/cache"
 RECIPE="$MLLM_SOURCE_DIR/tests/assets/tiny.yaml"
 CORPUS="$MLLM_SOURCE_DIR/data/tang300/tang300.jsonl"
