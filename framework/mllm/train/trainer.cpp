@@ -213,7 +213,12 @@ void Trainer::build() {
     if (!metrics_) throw Error("cannot open " + run_dir_ + "/metrics.jsonl for writing");
   }
   for (const auto& name : r.callbacks) callbacks_.push_back(callback_registry().create(name, r));
-  peak_flops_ = measure_peak_flops(r.train.precision == "bf16") * world;
+  // MFU denominator: every rank times a GEMM at the same moment (after a barrier), so ranks
+  // sharing cores measure their real share, and the shares add up to the job's peak.
+  comm.barrier();
+  torch::Tensor peak = torch::tensor({measure_peak_flops(r.train.precision == "bf16")}, torch::kFloat64);
+  comm.all_reduce(peak, ReduceOp::kSum);
+  peak_flops_ = peak.item<double>();
 }
 
 void Trainer::resume_from(const std::string& folder) {

@@ -66,7 +66,8 @@ class Trainer {
   int64_t step() const { return state_.step; }
   const std::string& run_dir() const { return run_dir_; }
   std::string checkpoints_dir() const { return run_dir_ + "/checkpoints"; }
-  // Peak FLOP/s of the whole job (per-rank measured matmul peak x world size), for MFU.
+  // Peak FLOP/s of the whole job: the sum of every rank's GEMM throughput measured at the
+  // same moment at start-up (train.precision's dtype), the MFU denominator.
   double peak_flops() const { return peak_flops_; }
   // Seconds since this invocation's loop started.
   double seconds_running() const;
