@@ -10,6 +10,11 @@ namespace {
 double warmup(double peak, int64_t step, int64_t warmup_steps) {
   return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
 }
+// Fraction of the decay phase done at `step` (W <= step < T): (step - W) / (T - W).
+double decay_progress(int64_t step, int64_t warmup_steps, int64_t max_steps) {
+  return static_cast<double>(step - warmup_steps) /
+         static_cast<double>(std::max<int64_t>(1, max_steps - warmup_steps));
+}
 }  // namespace
 
 WarmupCosineSchedule::WarmupCosineSchedule(double peak_lr, double min_lr, int64_t warmup_steps,
@@ -19,8 +24,7 @@ WarmupCosineSchedule::WarmupCosineSchedule(double peak_lr, double min_lr, int64_
 double WarmupCosineSchedule::lr(int64_t step) const {
   if (step < warmup_steps_) return warmup(peak_lr_, step, warmup_steps_);
   if (step >= max_steps_) return min_lr_;
-  const double progress = static_cast<double>(step - warmup_steps_) /
-                          static_cast<double>(std::max<int64_t>(1, max_steps_ - warmup_steps_));
+  const double progress = decay_progress(step, warmup_steps_, max_steps_);
   return min_lr_ + 0.5 * (peak_lr_ - min_lr_) * (1.0 + std::cos(M_PI * progress));
 }
 
@@ -38,9 +42,7 @@ LinearSchedule::LinearSchedule(double peak_lr, double min_lr, int64_t warmup_ste
 double LinearSchedule::lr(int64_t step) const {
   if (step < warmup_steps_) return warmup(peak_lr_, step, warmup_steps_);
   if (step >= max_steps_) return min_lr_;
-  const double progress = static_cast<double>(step - warmup_steps_) /
-                          static_cast<double>(std::max<int64_t>(1, max_steps_ - warmup_steps_));
-  return peak_lr_ + (min_lr_ - peak_lr_) * progress;
+  return peak_lr_ + (min_lr_ - peak_lr_) * decay_progress(step, warmup_steps_, max_steps_);
 }
 
 LrScheduleRegistry& lr_schedule_registry() {
