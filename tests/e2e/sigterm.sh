@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SIGTERM mid-run saves a loadable checkpoint and exits 0; the run then resumes from it, and
-# mllm-generate can load it.
+# mllm-generate can load it. Also the time limit (train.time_limit_s).
 source "$(dirname "$0")/common.sh"
 OUT="$WORK/run"
 # Started directly (not through train()) so that $! is mllm-train itself, not a subshell.
@@ -24,4 +24,11 @@ grep -q "resumed from .*$latest at step $step" "$WORK/log2" || fail "did not res
 "$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --max-new-tokens 5 --seed 1 \
   > "$WORK/gen" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "mllm-generate"; }
 grep -q "^春" "$WORK/gen" || fail "generated text does not start with the prompt"
+
+# train.time_limit_s ends the invocation early with a checkpoint and exit 0; the schedule is
+# unchanged (lr of the last step taken equals the closed form for max_steps=100000).
+train 1 "$WORK/limit" train.max_steps=100000 train.time_limit_s=2 checkpoint.every_steps=0 \
+  eval.every_steps=0 > "$WORK/log3" 2>&1 || fail "time-limited run did not exit 0"
+grep -q "reached train.time_limit_s" "$WORK/log3" || fail "no time-limit stop message"
+[ -f "$WORK/limit/checkpoints/latest" ] || fail "no checkpoint after the time limit"
 echo PASS
