@@ -113,7 +113,7 @@ KeySpec key(const char* name, std::string& ref, const char* help,
   std::string type = "string";
   if (!choices.empty()) {
     type = "one of ";
-    for (std::size_t i = 0; i < choices.size(); ++i) type += (i ? " | " : "") + choices[i];
+    for (std::size_t i = 0; i < choices.size(); ++i) type += (i ? ", " : "") + choices[i];
   }
   return leaf(
       name, type, help,

@@ -116,7 +116,7 @@ TEST(Recipe, RangesAndCrossFieldRules) {
   msg = error_of(std::string(kBase) + "train: {global_batch: 60, micro_batch: 8}\n");
   EXPECT_NE(msg.find("not divisible by train.micro_batch=8"), std::string::npos) << msg;
   msg = error_of(std::string(kBase) + "data: {mode: stream}\n");
-  EXPECT_NE(msg.find("one of packed | document"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("one of packed, document"), std::string::npos) << msg;
 }
 
 TEST(Recipe, GlobalBatchCheckedAgainstWorldSize) {
