@@ -12,6 +12,9 @@ set -e
 [ -d "$OUT/checkpoints/.tmp_step_000010" ] || fail "expected the abandoned temporary folder"
 train 1 "$OUT" train.stop_at_step=12 > "$WORK/log" 2>&1 || fail "resume after the crash"
 grep -q "resumed from .*step_000005 at step 5" "$WORK/log" || fail "did not resume from step 5"
+# Steps 6-10 were logged before the crash and replayed after it: each must appear once.
+[ "$(field "$OUT/metrics.jsonl" loss | awk '{print $1}' | uniq -d | wc -l)" -eq 0 ] \
+  || fail "metrics.jsonl repeats steps after the resume"
 [ "$(cat "$OUT/checkpoints/latest")" = step_000012 ] || fail "no step-12 checkpoint"
 
 # Truncate the newest checkpoint's weights: explicit resume is an error naming the file ...

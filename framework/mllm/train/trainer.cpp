@@ -11,6 +11,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
@@ -65,6 +66,23 @@ bool may_change_on_resume(const std::string& key) {
     if (p.back() == '.' ? key.rfind(p, 0) == 0 : key == p) return true;
   }
   return false;
+}
+
+// Rewrites metrics.jsonl without the lines whose "step" is greater than `step`.
+void drop_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::vector<std::string> keep;
+  bool dropped = false;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() > step) dropped = true;
+    else keep.push_back(line);
+  }
+  in.close();
+  if (!dropped) return;
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& line : keep) out << line << "\n";
 }
 
 }  // namespace
@@ -209,6 +227,9 @@ void Trainer::build() {
 
   if (rank == 0) {
     std::ofstream(run_dir_ + "/recipe.resolved.yaml") << to_yaml(r);
+    // Lines logged after the checkpoint we resume from (a crash between saves) are replayed
+    // by this run; drop them so every step appears once.
+    drop_metrics_after(run_dir_ + "/metrics.jsonl", state_.step);
     metrics_.open(run_dir_ + "/metrics.jsonl", std::ios::app);
     if (!metrics_) throw Error("cannot open " + run_dir_ + "/metrics.jsonl for writing");
   }
