@@ -30,10 +30,18 @@ int main(int argc, char** argv) {
   app.add_option("--top-p", opt.top_p, "nucleus sampling mass; 1 = off")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", opt.seed, "sampling seed")->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the help or the usage error
+    return rc == 0 ? 0 : 2;      // a bad command line is bad input
+  }
 
   return mllm::run_guarded("mllm-generate", [&] {
     mllm::register_builtins();
+    if (checkpoint == "auto" || checkpoint == "none")
+      throw mllm::CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "
+                                  "or a run / checkpoints folder with `latest`");
     const std::string folder = mllm::find_resume_checkpoint(checkpoint, "").value();
     mllm::Recipe recipe = mllm::load_recipe_string(mllm::read_checkpoint_recipe(folder),
                                                    folder + "/recipe.yaml");

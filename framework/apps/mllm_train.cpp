@@ -23,7 +23,12 @@ int main(int argc, char** argv) {
   app.add_option("overrides", overrides, "key.path=value overrides, e.g. optim.lr=3e-4 train.max_steps=100");
   app.add_flag("--print-recipe", print_recipe, "print the resolved recipe (defaults, includes, overrides applied) and exit");
   app.add_flag("--help-recipe", help_recipe, "print every recipe key with type, default and meaning, and exit");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the help or the usage error
+    return rc == 0 ? 0 : 2;      // a bad command line is bad input
+  }
 
   return mllm::run_guarded("mllm-train", [&] {
     if (help_recipe) {
@@ -38,7 +43,13 @@ int main(int argc, char** argv) {
     }
     // Checked before MPI starts, from the launcher's world size: every rank fails the same
     // way, prints nothing twice, and no rank needs MPI_Abort.
-    mllm::validate_for_world(recipe, mllm::launcher_rank_and_size().second);
+    const int launcher_world = mllm::launcher_rank_and_size().second;
+    mllm::validate_for_world(recipe, launcher_world);
+    if (recipe.dist.backend == "single" && launcher_world > 1)
+      throw mllm::ConfigError(recipe.source + ": dist.backend=single but the launcher started " +
+                              std::to_string(launcher_world) + " ranks; they would train " +
+                              "independently into one run folder. Use dist.backend=auto or mpi, "
+                              "or start one process");
     auto comm = mllm::make_communicator(recipe.dist);
     mllm::Trainer trainer(recipe, comm);
     trainer.run();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SIGTERM mid-run saves a loadable checkpoint and exits 0; the run then resumes from it, and
+# SIGTERM mid-run saves a loadable checkpoint and exits 0 (and SIGUSR1 under mpirun); the run then resumes from it, and
 # mllm-generate can load it. Also the time limit (train.time_limit_s).
 source "$(dirname "$0")/common.sh"
 OUT="$WORK/run"
@@ -14,7 +14,7 @@ done
 kill -TERM "$PID"
 set +e; wait "$PID"; code=$?; set -e
 [ "$code" -eq 0 ] || { cat "$WORK/log" >&2; fail "exit code $code after SIGTERM"; }
-grep -q "received SIGTERM" "$WORK/log" || fail "no stop message"
+grep -q "received a stop signal" "$WORK/log" || fail "no stop message"
 latest=$(cat "$OUT/checkpoints/latest")
 step=$((10#${latest#step_}))
 [ "$step" -ge 3 ] || fail "checkpoint at step $step"
@@ -24,6 +24,21 @@ grep -q "resumed from .*$latest at step $step" "$WORK/log2" || fail "did not res
 "$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --max-new-tokens 5 --seed 1 \
   > "$WORK/gen" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "mllm-generate"; }
 grep -q "^春" "$WORK/gen" || fail "generated text does not start with the prompt"
+
+# Under mpirun: SIGUSR1 to mpirun reaches every rank (mpirun forwards it); all ranks stop after
+# the same step, save, and the job exits 0.
+mpirun -np 2 --bind-to none "$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$WORK/mpi" \
+  "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]" train.max_steps=100000 \
+  checkpoint.every_steps=0 eval.every_steps=0 > "$WORK/log4" 2>&1 &
+PID=$!
+for _ in $(seq 1 600); do
+  [ -f "$WORK/mpi/metrics.jsonl" ] && [ "$(wc -l < "$WORK/mpi/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -USR1 "$PID"
+set +e; wait "$PID"; code=$?; set -e
+[ "$code" -eq 0 ] || { cat "$WORK/log4" >&2; fail "mpirun exit code $code after SIGUSR1"; }
+[ -f "$WORK/mpi/checkpoints/latest" ] || fail "no checkpoint after SIGUSR1 under mpirun"
 
 # train.time_limit_s ends the invocation early with a checkpoint and exit 0; the schedule is
 # unchanged (lr of the last step taken equals the closed form for max_steps=100000).

@@ -353,7 +353,10 @@ KeySpec recipe_schema(Recipe& r) {
           key("max_new_tokens", r.sample.max_new_tokens, "tokens generated per prompt", at_least(1)),
           key("temperature", r.sample.temperature, "softmax temperature (0 = greedy)", at_least(0)),
           key("top_k", r.sample.top_k, "keep the k most likely tokens (0 = off)", at_least(0)),
-          key("top_p", r.sample.top_p, "nucleus: smallest set with this much mass (1 = off)", in_range(0, 1)),
+          key("top_p", r.sample.top_p, "nucleus: smallest set with this much mass (1 = off)",
+              [](double v) {
+                return v > 0 && v <= 1 ? std::string() : fmt::format("must be in (0, 1], got {}", v);
+              }),
       }),
       section("log", "logging", {
           key("every_steps", r.log.every_steps, "console + metrics line every N steps", at_least(1)),

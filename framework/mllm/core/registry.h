@@ -43,6 +43,13 @@ class Registry {
     return factories_.count(name) > 0;
   }
 
+  // Throws ConfigError listing the known names (with a did-you-mean) when `name` is unknown.
+  void require(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!factories_.count(name))
+      throw ConfigError(detail::unknown_name_message(kind_, name, names_locked()));
+  }
+
   // Builds the component registered as `name`. Throws mllm::ConfigError listing the known
   // names when `name` is unknown; whatever the factory throws passes through.
   std::shared_ptr<Product> create(const std::string& name, Args... args) const {

@@ -11,6 +11,11 @@
 #include "mllm/core/logging.h"
 #include "mllm/dist/communicator.h"
 
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API only; OpenMPI's C++ bindings need libmpi_cxx
+#endif
+#include <mpi.h>
+
 namespace mllm {
 
 std::pair<int, int> launcher_rank_and_size() {
@@ -37,8 +42,11 @@ int run_guarded(const char* program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const ConfigError& e) {
-    // Every rank parsed the same recipe and failed the same way: one message is enough.
-    if (rank == 0) spdlog::error("{}", e.what());
+    // Before MPI starts every rank parsed the same recipe and failed the same way: one message
+    // is enough. After, an error may be one rank's alone (a plugin missing on one node): show it.
+    int mpi_up = 0;
+    MPI_Initialized(&mpi_up);
+    if (rank == 0 || mpi_up) spdlog::error("{}", e.what());
     else spdlog::debug("{}", e.what());
     code = e.exit_code();
   } catch (const Error& e) {

@@ -4,8 +4,8 @@
 
 namespace mllm {
 
-// Registers built-in tokenizers, models, optimizers, lr schedules, communicators and
-// callbacks. Idempotent: a second call does nothing.
+// Registers built-in tokenizers, models, optimizers, lr schedules and callbacks
+// (communicators register themselves in make_communicator). Idempotent.
 void register_builtins();
 
 }  // namespace mllm

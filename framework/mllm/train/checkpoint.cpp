@@ -30,17 +30,17 @@ constexpr const char* kLatest = "latest";
 // fsync a file or folder so a crash after rename cannot leave a renamed-but-empty file.
 void fsync_path(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw CheckpointError("cannot open " + p.string() + " to fsync it");
+  if (fd < 0) throw Error("cannot open " + p.string() + " to fsync it");
   int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0) throw CheckpointError("fsync failed for " + p.string());
+  if (rc != 0) throw Error("fsync failed for " + p.string() + " (disk full or I/O error?)");
 }
 
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
   out.close();
-  if (!out) throw CheckpointError("cannot write " + p.string() + " (disk full or read-only?)");
+  if (!out) throw Error("cannot write " + p.string() + " (disk full or read-only?)");
   fsync_path(p);
 }
 
@@ -168,9 +168,11 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
     write_text(latest_tmp, checkpoint_name(state.step) + "\n");
     fs::rename(latest_tmp, dir / kLatest);
     fsync_path(dir);
-    auto all = list_checkpoints(dir);
-    for (std::size_t i = static_cast<std::size_t>(keep_last); i < all.size(); ++i)
-      fs::remove_all(all[i].second);
+    // Folders past this step belong to an abandoned continuation (we resumed from an earlier
+    // checkpoint); of the rest, the newest keep_last stay — this save always among them.
+    int64_t kept = 0;
+    for (const auto& [step, path] : list_checkpoints(dir))
+      if (step > state.step || ++kept > keep_last) fs::remove_all(path);
   }
   // Why: no rank may go on (and perhaps be killed) believing a save happened before it did.
   comm.barrier();
@@ -324,7 +326,7 @@ void export_safetensors(torch::nn::Module& model, const std::string& path) {
   for (const auto& t : blobs)
     out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
   out.close();
-  if (!out) throw CheckpointError("cannot write " + path);
+  if (!out) throw Error("cannot write " + path + " (disk full or read-only?)");
   fsync_path(path);
 }
 

@@ -41,8 +41,10 @@ std::string checkpoint_name(int64_t step);
 
 // Saves a checkpoint of `step` under `checkpoints_dir`. Collective: every rank calls it with its
 // own module/optimizer (identical across ranks) and writes its RNG state; rank 0 writes the rest.
-// Keeps the newest `keep_last` checkpoints. Returns the final folder path.
-// Throws CheckpointError (IO failure, naming the file) on any rank; callers abort the job.
+// Keeps the newest `keep_last` checkpoints up to this step and removes those past it (an
+// abandoned continuation). Returns the final folder path.
+// Throws mllm::Error (exit 1, not bad input) naming the file when writing fails, or whatever
+// torch::save / std::filesystem throw; callers abort the job.
 std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,

@@ -76,13 +76,36 @@ void drop_metrics_after(const std::string& path, int64_t step) {
   bool dropped = false;
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() > step) dropped = true;
+    // Lines past the checkpoint, and a line torn by the crash, go.
+    if (j.is_discarded() || (j.contains("step") && j["step"].get<int64_t>() > step)) dropped = true;
     else keep.push_back(line);
   }
   in.close();
   if (!dropped) return;
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& line : keep) out << line << "\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& line : keep) out << line << "\n";
+    if (!out) throw Error("cannot rewrite " + path + " (disk full?)");
+  }
+  fs::rename(tmp, path);  // atomic: a crash leaves the old file or the new one
+}
+
+// Every registry name the recipe uses exists — checked before anything is written, so a typo
+// in model.type costs no data preparation and leaves no run folder behind.
+void check_component_names(const Recipe& r) {
+  auto check = [&](const auto& registry, const std::string& name, const std::string& key) {
+    try {
+      registry.require(name);
+    } catch (const ConfigError& e) {
+      throw ConfigError(r.source + ": " + key + ": " + e.what());
+    }
+  };
+  check(tokenizer_registry(), r.data.tokenizer.type, "data.tokenizer.type");
+  check(model_registry(), r.model.type, "model.type");
+  check(optimizer_registry(), r.optim.type, "optim.type");
+  check(lr_schedule_registry(), r.schedule.type, "schedule.type");
+  for (const auto& name : r.callbacks) check(callback_registry(), name, "callbacks");
 }
 
 }  // namespace
@@ -92,14 +115,15 @@ const char* to_string(StopReason r) {
     case StopReason::kMaxSteps: return "reached train.max_steps";
     case StopReason::kStopAtStep: return "reached train.stop_at_step";
     case StopReason::kTimeLimit: return "reached train.time_limit_s";
-    case StopReason::kSignal: return "received SIGTERM/SIGINT";
+    case StopReason::kSignal: return "received a stop signal (SIGTERM/SIGINT/SIGUSR1/SIGUSR2)";
   }
   return "?";
 }
 
 void install_stop_signal_handlers() {
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  // SIGUSR1/SIGUSR2 too: mpirun forwards those to every rank, while on SIGTERM/SIGINT it
+  // signals the ranks itself and SIGKILLs them after odls_base_sigkill_timeout seconds.
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
 }
 
 bool stop_signal_received() { return g_stop_signal.load(); }
@@ -129,10 +153,11 @@ double measure_peak_flops(bool bf16) {
 }
 
 Trainer::Trainer(Recipe recipe, std::shared_ptr<Communicator> comm)
-    : recipe_(std::move(recipe)), comm_(std::move(comm)) {
+    : recipe_(std::move(recipe)), comm_(std::move(comm)), start_(std::chrono::steady_clock::now()) {
   validate_for_world(recipe_, comm_->world_size());
   register_builtins();
   load_plugins(recipe_.plugins);  // before anything is built: plugins may provide any part
+  check_component_names(recipe_);
   run_dir_ = recipe_.run.out_dir;
   build();
 }
@@ -155,7 +180,16 @@ void Trainer::build() {
 
   // Resume decision (rank 0 reads the folder; everyone follows its answer).
   std::string resume_folder;
-  if (rank == 0) resume_folder = find_resume_checkpoint(r.checkpoint.resume, checkpoints_dir()).value_or("");
+  if (rank == 0) {
+    resume_folder = find_resume_checkpoint(r.checkpoint.resume, checkpoints_dir()).value_or("");
+    // A fresh start over another run's checkpoints would mix two runs in one folder (and
+    // keep_last could delete the new saves in favour of the old run's higher steps).
+    if (r.checkpoint.resume == "none" && fs::exists(checkpoints_dir() + "/latest"))
+      throw ConfigError(fmt::format(
+          "{}: checkpoint.resume=none but {} already holds checkpoints of a run; choose another "
+          "run.out_dir, delete that folder, or resume (checkpoint.resume=auto)",
+          r.source, checkpoints_dir()));
+  }
   resume_folder = comm.all_gather(resume_folder)[0];
   if (!resume_folder.empty()) {
     Recipe saved = load_recipe_string(read_checkpoint_recipe(resume_folder),
@@ -181,13 +215,24 @@ void Trainer::build() {
                world, comm.backend(), threads, r.source);
 
   // Data: rank 0 tokenizes and writes shards once; the others wait at the barrier.
-  int64_t need_prepare = rank == 0 ? !is_prepared(r.data) : 0;
+  int64_t need_prepare = 0;
+  if (rank == 0) {
+    need_prepare = !is_prepared(r.data);
+    // Removed before the other ranks hear about it, so that their wait below cannot mistake a
+    // stale manifest for the new one.
+    if (need_prepare) fs::remove(manifest_path(r.data));
+  }
   need_prepare = comm.all_gather(need_prepare)[0];
   if (need_prepare) {
     if (rank == 0) {
       spdlog::info("preparing data into {} (tokenizer + shards)", r.data.cache_dir);
       // All cores: the other ranks of this node only wait meanwhile.
       prepare_data(r.data, resolve_threads(0, 1), isatty(STDERR_FILENO));
+    } else {
+      // Why poll instead of a barrier: preparing a large corpus (BPE training) can outlast
+      // dist.timeout_s, which bounds every collective. The manifest is written last.
+      while (!fs::exists(manifest_path(r.data)))
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     comm.barrier();  // Why: no rank may open shards before rank 0 has renamed them into place.
   }
@@ -196,6 +241,8 @@ void Trainer::build() {
   tokenizer_ = load_tokenizer(paths.tokenizer_path);
   train_data_ = std::make_unique<TokenDataset>(paths.train_shard, r.data.mode, r.data.seq_len);
   val_data_ = std::make_unique<TokenDataset>(paths.val_shard, r.data.mode, r.data.seq_len);
+  train_data_->check_tokenizer(*tokenizer_);
+  val_data_->check_tokenizer(*tokenizer_);
   state_.tokenizer_fingerprint = tokenizer_->fingerprint();
   spdlog::info("data: vocab {}, {} train sequences, {} val sequences of {} tokens ({} mode)",
                tokenizer_->vocab_size(), train_data_->size(), val_data_->size(), r.data.seq_len,
@@ -270,12 +317,11 @@ void Trainer::resume_from(const std::string& folder) {
 }
 
 double Trainer::seconds_running() const {
-  return ms_since(loop_start_) / 1000.0;
+  return ms_since(start_) / 1000.0;
 }
 
 StopReason Trainer::run() {
   const Recipe& r = recipe_;
-  loop_start_ = std::chrono::steady_clock::now();
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   StopReason reason = StopReason::kMaxSteps;
   while (state_.step < r.train.max_steps) {
@@ -285,8 +331,8 @@ StopReason Trainer::run() {
     }
     StepMetrics m = train_step();
     for (auto& cb : callbacks_) cb->on_step_end(*this, m);
-    if (pending_stop_) {
-      reason = stop_signal_received() ? StopReason::kSignal : StopReason::kTimeLimit;
+    if (stop_reason_) {
+      reason = *stop_reason_;
       break;
     }
   }
@@ -340,18 +386,24 @@ StepMetrics Trainer::train_step() {
   dp_->finish_gradient_sync();
   m.comm_ms = ms_since(t2);
   m.grad_norm = dp_->clip_grad_norm(r.optim.grad_clip);
+  // Identical on every rank (synced gradients), so all ranks stop together, before a NaN
+  // update can reach the weights and a checkpoint.
+  if (!std::isfinite(m.grad_norm))
+    throw Error(fmt::format("gradient norm is {} at step {}; nothing was updated — lower "
+                            "optim.lr, or resume from the last checkpoint", m.grad_norm,
+                            state_.step + 1));
   auto t3 = std::chrono::steady_clock::now();
   optimizer_->step();
   m.optimizer_ms = ms_since(t3);
 
-  // One small collective per step: the global loss sum and the stop vote (a signal on any rank,
-  // or the time limit), so every rank stops after the same step.
-  const double elapsed = seconds_running();
-  bool local_stop = stop_signal_received() ||
-                    (r.train.time_limit_s && elapsed >= *r.train.time_limit_s);
-  torch::Tensor red = torch::tensor({local_loss_sum, local_stop ? 1.0 : 0.0}, torch::kFloat64);
+  // One small collective per step: the global loss sum and the stop votes (a signal on any
+  // rank, the time limit on any rank), so every rank stops after the same step, for one reason.
+  const bool timed_out = r.train.time_limit_s && seconds_running() >= *r.train.time_limit_s;
+  torch::Tensor red = torch::tensor(
+      {local_loss_sum, stop_signal_received() ? 1.0 : 0.0, timed_out ? 1.0 : 0.0}, torch::kFloat64);
   comm_->all_reduce(red, ReduceOp::kSum);
-  pending_stop_ = red[1].item<double>() > 0;
+  if (red[1].item<double>() > 0) stop_reason_ = StopReason::kSignal;
+  else if (red[2].item<double>() > 0) stop_reason_ = StopReason::kTimeLimit;
 
   state_.step += 1;
   state_.tokens += r.train.global_batch * r.data.seq_len;

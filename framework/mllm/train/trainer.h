@@ -1,7 +1,7 @@
 // The Trainer: builds every part of a run from the recipe through the registries (tokenizer,
 // datasets, model, DataParallel, optimizer, lr schedule, sampler, callbacks) and runs the loop
-//   micro-steps (forward, backward; gradients all-reduced on the last) -> finish sync ->
-//   clip -> optimizer step -> lr schedule -> callbacks
+//   lr for this step -> micro-steps (forward, backward; gradients all-reduced on the last) ->
+//   finish sync -> clip -> optimizer step -> callbacks
 // with exact resume from checkpoints and early, checkpointed stops (signals, time limits).
 #pragma once
 
@@ -49,7 +49,9 @@ class Trainer {
   // Every early stop saves a checkpoint first. Returns why it stopped.
   StopReason run();
 
-  // Collective: mean val loss over eval.batches batches of micro_batch sequences per rank.
+  // Collective: mean val loss over eval.batches batches of micro_batch sequences per rank
+  // (val sequences in a fixed order, each at most once). Throws DataError if the val shard
+  // has no sequence.
   EvalMetrics evaluate();
   // Collective: saves a checkpoint of the current step (no-op if this step is already saved).
   // Returns the folder.
@@ -69,14 +71,14 @@ class Trainer {
   // Peak FLOP/s of the whole job: the sum of every rank's GEMM throughput measured at the
   // same moment at start-up (train.precision's dtype), the MFU denominator.
   double peak_flops() const { return peak_flops_; }
-  // Seconds since this invocation's loop started.
+  // Seconds since this Trainer was constructed (train.time_limit_s counts from there; leave
+  // a margin for the final checkpoint when setting it under a scheduler's limit).
   double seconds_running() const;
 
  private:
   void build();
   void resume_from(const std::string& folder);
   StepMetrics train_step();
-  bool stop_requested(double local_flag);
 
   Recipe recipe_;
   std::shared_ptr<Communicator> comm_;
@@ -96,8 +98,8 @@ class Trainer {
   int64_t flops_per_token_ = 0;
   double peak_flops_ = 0;
   double elapsed_at_start_s_ = 0;
-  std::chrono::steady_clock::time_point loop_start_;
-  bool pending_stop_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::optional<StopReason> stop_reason_;  // set by train_step when any rank votes to stop
 };
 
 // Threads per rank for train.threads (0 = auto: hardware threads / ranks on this node, >= 1).
@@ -107,9 +109,10 @@ int resolve_threads(int64_t threads, int local_size);
 // (a 1024^3 GEMM timed a few times; the MFU denominator).
 double measure_peak_flops(bool bf16);
 
-// Installs SIGTERM/SIGINT handlers that request a checkpointed stop at the end of the step.
+// Installs SIGTERM/SIGINT/SIGUSR1/SIGUSR2 handlers that request a checkpointed stop at the end
+// of the step (under mpirun use SIGUSR1: mpirun forwards it and kills on SIGTERM, see README).
 void install_stop_signal_handlers();
-// True once SIGTERM or SIGINT arrived in this process.
+// True once one of those signals arrived in this process.
 bool stop_signal_received();
 
 }  // namespace mllm
