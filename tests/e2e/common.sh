@@ -3,7 +3,7 @@
 set -euo pipefail
 : "${MLLM_BIN:?set by ctest}" "${MLLM_SOURCE_DIR:?set by ctest}"
 WORK=$(mktemp -d /tmp/mllm_e2e.XXXXXX)
-cleanup() { local jobs_left; jobs_left=$(jobs -p); [ -z "$jobs_left" ] || kill $jobs_left 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() { [ -n "${KEEP_WORK:-}" ] && return 0; local jobs_left; jobs_left=$(jobs -p); [ -z "$jobs_left" ] || kill $jobs_left 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT  # never leave a trainer running
 CACHE="$WORK/cache"
 RECIPE="$MLLM_SOURCE_DIR/tests/assets/tiny.yaml"
