@@ -2,7 +2,7 @@
 # The parts of launch/sweep.sh that are easier in Python (standard library only): the option
 # table (parser and --help), grid parsing and expansion, the plan (one folder per point, its
 # overrides and resolved recipe recorded), the state of each point, and result collection
-# (markdown + CSV table, gnuplot script and data).
+# (markdown + CSV table; the gnuplot script and data come from sweep_plots.py).
 #
 #   sweep_lib.py usage                   sweep.sh --help
 #   sweep_lib.py plan ARGS...            parse sweep.sh's arguments, validate every point, write
@@ -14,16 +14,16 @@
 import csv
 import difflib
 import hashlib
-import io
 import json
-import math
 import os
 import re
 import shlex
 import statistics
-import textwrap
 import subprocess
 import sys
+import textwrap
+
+from sweep_plots import write_plots  # launch/, next to this file
 
 PROG = "launch/sweep.sh"
 
@@ -42,6 +42,14 @@ def _positive_int(flag):
     return convert
 
 
+def _count(flag):
+    def convert(text):
+        if not re.fullmatch(r"[0-9]+", text):
+            raise UsageError(f"{flag} needs a whole number >= 0, got '{text}'")
+        return int(text)
+    return convert
+
+
 def _threads(text):
     return "auto" if text == "auto" else _positive_int("--threads")(text)
 
@@ -51,6 +59,10 @@ OPTIONS = [
     ("--parallel", "SLOTS", 1, "points trained at the same time", _positive_int("--parallel")),
     ("--threads", "T", "auto", "train.threads per rank; auto = cores / (N x SLOTS), at least 1 "
      "(a train.threads in the grid wins)", _threads),
+    ("--eval-points", "K", 10, "evaluations per point at least, so that val_loss.png shows "
+     "curves: a point whose recipe evaluates less often gets eval.every_steps=max_steps/K "
+     "(recorded with its overrides; evaluation does not change training). 0 = the recipe's; an "
+     "eval.every_steps in the grid wins", _count("--eval-points")),
     ("--out", "DIR", None, "sweep folder (default runs/sweeps/<recipe>__<grid>); one subfolder "
      "per point", str),
     ("--dry-run", None, False, "validate the grid and every point's recipe, print the commands, "
@@ -79,8 +91,7 @@ def usage():
         "GRID is key.path=v1,v2,... (recipe key paths and values as in mllm-train overrides).",
         "Commas inside [...], {...} or quotes do not split: optim.betas=[0.9,0.95],[0.9,0.99].",
         "A key with one value applies to every point. Keys with several values name the point",
-        "folders, e.g. model.n_heads=4. run.out_dir is set by the sweep. For denser val curves",
-        "add eval.every_steps=N to the grid.",
+        "folders, e.g. model.n_heads=4. run.out_dir is set by the sweep.",
         "",
         "Resumable: run the same command again. Finished points (checkpoints/latest at",
         "train.max_steps) are skipped; interrupted ones resume from their own checkpoints",
@@ -313,6 +324,7 @@ def plan(argv, bin_dir):
         raise UsageError(f"two points map to the same folder name '{clash[0]}'; use values that "
                          "differ in letters or digits")
     user_threads = any(k == "train.threads" for k, _ in grid)
+    user_eval = any(k == "eval.every_steps" for k, _ in grid)
     cores = os.cpu_count() or 1
     threads = opts["threads"]
     if threads == "auto":
@@ -327,9 +339,14 @@ def plan(argv, bin_dir):
         overrides = [f"{k}={v}" for k, v in point]
         try:
             resolved = resolve_recipe(bin_dir, recipe, overrides + [f"run.out_dir={folder}"])
+            max_steps = int(yaml_scalar(resolved, "train", "max_steps"))
+            every = max(1, max_steps // opts["eval_points"]) if opts["eval_points"] else 0
+            recipe_every = int(yaml_scalar(resolved, "eval", "every_steps"))
+            if every and not user_eval and (recipe_every == 0 or recipe_every > every):
+                overrides.append(f"eval.every_steps={every}")
+                resolved = resolve_recipe(bin_dir, recipe, overrides + [f"run.out_dir={folder}"])
         except UsageError as e:
             raise UsageError(f"point {name}: mllm-train refuses its recipe:\n{e}") from None
-        max_steps = int(yaml_scalar(resolved, "train", "max_steps"))
         planned = os.path.join(folder, "recipe.planned.yaml")
         if os.path.isfile(planned):
             with open(planned) as f:
@@ -456,7 +473,7 @@ def collect(out):
 
     # CSV: every number unrounded.
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")
         w.writerow(["point", *swept, "overrides", "params", "steps", "final_train_loss",
                     "final_val_loss", "tokens_per_s", "wall_s", "status"])
         for r in results:
@@ -483,92 +500,6 @@ def collect(out):
     write_plots(out, sweep, swept, results)
     print("\n".join(table))
     return results
-
-
-def _gp_str(text):
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _number(text):
-    try:
-        x = float(text)
-        return x if math.isfinite(x) else None
-    except ValueError:
-        return None
-
-
-def write_plots(out, sweep, swept, results):
-    """plots.gp + val_loss.dat + final_val_loss.dat; gnuplot plots.gp (from OUT) makes the PNGs."""
-    # One block per curve that has data (gnuplot warns about empty blocks); curves = (index, ...).
-    blocks, curves = [], []
-    for i, r in enumerate(results):
-        c = i % 8 + 1
-        if r["val_curve"]:
-            curves.append(f"'val_loss.dat' index {len(blocks)} using 1:2 with linespoints lw 2.5 "
-                          f"pt 7 lc {c} title {_gp_str(r['point'])}")
-            blocks.append((f"{r['point']}: step val_loss", r["val_curve"]))
-        if r["train_curve"]:
-            curves.append(f"'val_loss.dat' index {len(blocks)} using 1:2 with lines lw 0.8 dt 2 "
-                          f"lc {c} " + ("notitle" if r["val_curve"] else
-                                        f"title {_gp_str(r['point'] + ' (train)')}"))
-            blocks.append((f"{r['point']}: step train_loss", r["train_curve"]))
-    with open(os.path.join(out, "val_loss.dat"), "w") as f:
-        for title, rows in blocks:
-            f.write(f"# {title}\n" + "".join(f"{s} {v!r}\n" for s, v in rows) + "\n\n")
-    gp = ["# Made by launch/sweep_lib.py collect; run from the sweep folder: gnuplot plots.gp",
-          "set terminal pngcairo size 1000,650 noenhanced",
-          "set grid", "set key outside right top",
-          "set output 'val_loss.png'",
-          f"set title {_gp_str('Loss curves: ' + sweep['recipe'] + ' (val: thick with points; train: thin dashed)')}",
-          "set xlabel 'step'", "set ylabel 'loss (nats/token)'"]
-    if not curves:
-        curves = ["NaN notitle"]
-        gp += ["set label 1 'no point has logged a loss yet' at graph 0.5, graph 0.5 center",
-               "set xrange [0:1]", "set yrange [0:1]"]
-    gp.append("plot " + ", \\\n     ".join(curves))
-
-    # Final val loss against the first swept key; one line per combination of the others.
-    xkey = swept[0] if swept else None
-    series = {}
-    for r in results:
-        if r["val_loss"] is None:
-            continue
-        x = r["values"][0] if xkey else "base"
-        rest = ",".join(f"{k}={v}" for k, v in zip(swept[1:], r["values"][1:])) or "final val loss"
-        series.setdefault(rest, []).append((x, r["val_loss"]))
-    xs = [x for s in series.values() for x, _ in s]
-    numeric = bool(xs) and all(_number(x) is not None for x in xs)
-    order = list(dict.fromkeys(v for v in (dict(sweep["grid"]).get(xkey, ["base"]))))
-    with open(os.path.join(out, "final_val_loss.dat"), "w") as f:
-        for name, pts in series.items():
-            f.write(f"# {name}: x val_loss label\n")
-            for x, v in sorted(pts, key=lambda p: _number(p[0]) if numeric else order.index(p[0])):
-                xv = _number(x) if numeric else order.index(x)
-                f.write(f"{xv!r} {v!r} {json.dumps(x)}\n")
-            f.write("\n\n")
-    gp += ["set output 'final_val_loss.png'", "unset logscale", "unset label", "set autoscale",
-           f"set title {_gp_str('Final val loss against ' + (xkey or 'the single point'))}",
-           f"set xlabel {_gp_str(xkey or '')}", "set ylabel 'final val loss (nats/token)'",
-           "set offsets graph 0.05, graph 0.05, graph 0.1, graph 0.1"]
-    if numeric:
-        nums = [_number(x) for x in xs]
-        if min(nums) > 0 and max(nums) / min(nums) >= 8:
-            ints = all(float(n).is_integer() for n in nums)
-            gp.append(f"set logscale x {2 if ints else 10}")
-        gp.append("set xtics (" + ", ".join(f"{json.dumps(x)} {_number(x)!r}"
-                                             for x in dict.fromkeys(xs)) + ")")
-    else:
-        gp.append("set xtics (" + ", ".join(f"{json.dumps(x)} {order.index(x)}"
-                                             for x in dict.fromkeys(xs)) + ")")
-    if series:
-        gp.append("plot " + ", \\\n     ".join(
-            f"'final_val_loss.dat' index {i} using 1:2 with linespoints lw 2 pt 7 ps 1.5 "
-            f"title {_gp_str(name)}" for i, name in enumerate(series)))
-    else:  # nothing finished yet: an empty chart that says so
-        gp += ["set label 1 'no point has a val loss yet' at graph 0.5, graph 0.5 center",
-               "set xrange [0:1]", "set yrange [0:1]", "plot NaN notitle"]
-    with open(os.path.join(out, "plots.gp"), "w") as f:
-        f.write("\n".join(gp) + "\n")
 
 
 # --------------------------------------------------------------------------- main
