@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sweeps a recipe over a grid of overrides: one training run per point in its own folder,
 # resumable, then a results table (markdown + CSV) and gnuplot PNGs. All options: --help.
-#   launch/sweep.sh RECIPE GRID... [--np N] [--parallel SLOTS] [--threads T] [--out DIR] [--dry-run]
+#   launch/sweep.sh RECIPE GRID... [--np N] [--parallel SLOTS] [--threads T] [--eval-points K]
+#                   [--out DIR] [--dry-run]
 # Option parsing (one table for the parser and --help), grid expansion, the plan and result
 # collection live in launch/sweep_lib.py; this script runs the trainers and gnuplot.
 set -euo pipefail
@@ -46,16 +47,17 @@ stop_session() {
 # run_point I (in a background subshell): trains point I, appends the output to its sweep.log
 # and "start end exit-code" to its invocations.tsv (the wall time in the table).
 run_point() {
-  local i=$1 dir="$SWEEP_OUT/${SWEEP_POINTS[$1]}" start end rc tpid
+  local i=$1 dir="$SWEEP_OUT/${SWEEP_POINTS[$1]}" start end rc tpid="" signalled=0
   trap '' INT   # a terminal's Ctrl-C reaches the whole group; this script stops points itself
+  trap 'signalled=1; [ -z "$tpid" ] || stop_session "$tpid"' TERM
   point_cmd "$i"
+  # Stopped before the trainer started: leave the point as it is.
+  if [ "$signalled" = 1 ]; then echo 0 > "$dir/.exit_code"; exit 0; fi
   start=$(date +%s.%N)
   echo "+ $(quoted "${CMD[@]}")" >> "$dir/sweep.log"
   # Own session: Ctrl-C does not reach mpirun (it would kill its ranks); stop_session finds them.
   OMP_NUM_THREADS=$SWEEP_THREADS setsid "${CMD[@]}" >> "$dir/sweep.log" 2>&1 < /dev/null &
   tpid=$!
-  local signalled=0
-  trap 'signalled=1; stop_session "$tpid"' TERM
   while :; do
     rc=0; wait "$tpid" || rc=$?
     # A trapped SIGTERM cuts wait short (rc > 128); wait again for the trainer's own status.

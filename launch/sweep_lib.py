@@ -290,12 +290,26 @@ def resolve_recipe(bin_dir, recipe, overrides):
 
 
 # Keys that control one invocation, not the experiment: they may change between resumes.
-RUN_CONTROL = re.compile(r"^\s+(stop_at_step|time_limit_s|threads|level):")
+RUN_CONTROL = {"train.stop_at_step", "train.time_limit_s", "train.threads", "log.level"}
 
 
 def experiment(resolved):
-    """The lines of a resolved recipe that define the experiment (without RUN_CONTROL keys)."""
-    return [line for line in resolved.splitlines(True) if not RUN_CONTROL.match(line)]
+    """A resolved recipe (block YAML, two-space indent, as --print-recipe writes it) as
+    'key.path: value' lines, without RUN_CONTROL keys; list items appear as 'key.path[]: item'."""
+    out, path = [], []
+    for line in resolved.splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        if text.startswith("- "):
+            out.append(f"{'.'.join(path)}[]: {text[2:]}")
+            continue
+        key, _, value = text.partition(":")
+        path = path[:depth] + [key]
+        if value.strip() and ".".join(path) not in RUN_CONTROL:
+            out.append(f"{'.'.join(path)}: {value.strip()}")
+    return [line + "\n" for line in out]
 
 
 def point_state(folder, max_steps):
@@ -489,8 +503,9 @@ def collect(out):
                  _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".1f"), r["status"]]
         table.append("| " + " | ".join(cells) + " |")
     md = [f"# Sweep of {sweep['recipe']}", "",
-          f"Grid: {' '.join(k + '=' + ','.join(v) for k, v in sweep['grid'])}"
-          + (f" (fixed: {' '.join(fixed)})" if fixed else ""), "",
+          "Swept: " + (" ".join(f"{k}={','.join(v)}" for k, v in sweep["grid"] if k in swept)
+                       or "nothing") + (f"; fixed: {' '.join(fixed)}" if fixed else "")
+          + ". Each point's overrides are in results.csv and <point>/overrides.txt.", "",
           *table, "",
           "train loss: last logged step; val loss: last evaluation; tokens/s: median over logged "
           "steps; wall s: sum of the sweep's training invocations for the point.", "",

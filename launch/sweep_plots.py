@@ -34,20 +34,43 @@ def write_plots(out, sweep, swept, results):
                           f"lc {c} " + ("notitle" if r["val_curve"] else
                                         f"title {_gp_str(r['point'] + ' (train)')}"))
             blocks.append((f"{r['point']}: step train_loss", r["train_curve"]))
+    # Lower panel: each point's val loss minus the mean over the points at that step (steps that
+    # two or more points evaluated), so curves that coincide on the loss scale come apart.
+    at_step = {}
+    for r in results:
+        for step, v in r["val_curve"]:
+            at_step.setdefault(step, []).append(v)
+    mean = {step: sum(v) / len(v) for step, v in at_step.items() if len(v) >= 2}
+    deltas = []
+    for i, r in enumerate(results):
+        rows = [(step, v - mean[step]) for step, v in r["val_curve"] if step in mean]
+        if rows:
+            deltas.append(f"'val_loss.dat' index {len(blocks)} using 1:2 with linespoints lw 2 pt 7 "
+                          f"ps 0.8 lc {i % 8 + 1} notitle")
+            blocks.append((f"{r['point']}: step val_loss-mean", rows))
     with open(os.path.join(out, "val_loss.dat"), "w") as f:
         for title, rows in blocks:
             f.write(f"# {title}\n" + "".join(f"{s} {v!r}\n" for s, v in rows) + "\n\n")
+    title = f"Loss curves: {sweep['recipe']} (val: thick with points; train: thin dashed)"
     gp = ["# Made by launch/sweep_lib.py collect; run from the sweep folder: gnuplot plots.gp",
-          "set terminal pngcairo size 1000,650 noenhanced",
-          "set grid", "set key outside right top",
-          "set output 'val_loss.png'",
-          f"set title {_gp_str('Loss curves: ' + sweep['recipe'] + ' (val: thick with points; train: thin dashed)')}",
-          "set xlabel 'step'", "set ylabel 'loss (nats/token)'"]
+          f"set terminal pngcairo size 1000,{900 if deltas else 650} noenhanced",
+          "set output 'val_loss.png'", "set grid", "set key outside right top",
+          "set lmargin at screen 0.11", "set rmargin at screen 0.76"]
+    if deltas:
+        gp += ["set multiplot", "set origin 0,0.36", "set size 1,0.64"]
+    gp += [f"set title {_gp_str(title)}", "set xlabel 'step'", "set ylabel 'loss (nats/token)'"]
     if not curves:
         curves = ["NaN notitle"]
         gp += ["set label 1 'no point has logged a loss yet' at graph 0.5, graph 0.5 center",
                "set xrange [0:1]", "set yrange [0:1]"]
     gp.append("plot " + ", \\\n     ".join(curves))
+    if deltas:
+        gp += ["set origin 0,0", "set size 1,0.36", "unset title",
+               "set ylabel 'val loss - mean over points'",
+               "plot " + ", \\\n     ".join(deltas + ["0 with lines lc 'gray' lw 1 notitle"]),
+               "unset multiplot"]
+    gp += ["unset lmargin", "unset rmargin", "set origin 0,0", "set size 1,1",
+           "set terminal pngcairo size 1000,650 noenhanced"]
 
     # Final val loss against the first swept key; one line per combination of the others.
     xkey = swept[0] if swept else None

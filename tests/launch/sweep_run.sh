@@ -60,7 +60,8 @@ if command -v gnuplot > /dev/null; then
   for png in val_loss final_val_loss; do
     [ "$(head -c 8 "$OUT/$png.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png.png is not a PNG"
   done
-  [ "$(grep -c "with linespoints" "$OUT/plots.gp")" -eq 3 ] || fail "plots.gp: want 2 val curves + 1 final-loss line"
+  # 2 val curves, 2 curves of val minus the mean, 1 final-loss line.
+  [ "$(grep -c "with linespoints" "$OUT/plots.gp")" -eq 5 ] || fail "plots.gp: $(grep -c "with linespoints" "$OUT/plots.gp") curves with points, want 5"
 fi
 
 # Rerun: nothing trains, nothing in the point folders changes.
