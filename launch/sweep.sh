@@ -74,7 +74,7 @@ run_point() {
 # that no two trainers write the same cache (mllm-prepare skips an up-to-date cache).
 todo=()
 for i in "${!SWEEP_POINTS[@]}"; do
-  if [ "${SWEEP_STATES[$i]}" = done ]; then
+  if [ "${SWEEP_STATES[$i]}" = "done" ]; then
     say "skip ${SWEEP_POINTS[$i]} (done)"
   else
     todo+=("$i")
@@ -84,13 +84,13 @@ if [ "$SWEEP_PARALLEL" -gt 1 ]; then
   for i in "${todo[@]}"; do
     point_cmd "$i"
     prep=("$MLLM_BIN/mllm-prepare" "${ARGS[@]}")
-    if [ "$SWEEP_DRY_RUN" = 1 ]; then echo "$(quoted "${prep[@]}")"; continue; fi
+    if [ "$SWEEP_DRY_RUN" = 1 ]; then quoted "${prep[@]}"; continue; fi
     "${prep[@]}" >> "$SWEEP_OUT/${SWEEP_POINTS[$i]}/sweep.log" 2>&1 || {
       rc=$?; say "data preparation for ${SWEEP_POINTS[$i]} failed (exit $rc); see its sweep.log"; exit "$rc"; }
   done
 fi
 if [ "$SWEEP_DRY_RUN" = 1 ]; then
-  for i in "${todo[@]}"; do point_cmd "$i"; echo "$(quoted "${CMD[@]}")"; done
+  for i in "${todo[@]}"; do point_cmd "$i"; quoted "${CMD[@]}"; done
   exit 0
 fi
 

@@ -8,7 +8,7 @@ source "$(dirname "$0")/../e2e/common.sh"
 S="$MLLM_SOURCE_DIR/launch/sweep.sh"
 OUT="$WORK/sweep"
 cd "$MLLM_SOURCE_DIR"
-ARGS=("$RECIPE" model.n_heads=1,2 train.max_steps=6 "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]"
+ARGS=("$RECIPE" "model.n_heads=1,2" train.max_steps=6 "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]"
       checkpoint.every_steps=0 eval.every_steps=3 log.every_steps=1 --out "$OUT" --parallel 2)
 
 set +e; "$S" "${ARGS[@]}" train.stop_at_step=4 > "$WORK/out1" 2> "$WORK/err1"; code=$?; set -e
