@@ -91,7 +91,9 @@ def usage():
         "GRID is key.path=v1,v2,... (recipe key paths and values as in mllm-train overrides).",
         "Commas inside [...], {...} or quotes do not split: optim.betas=[0.9,0.95],[0.9,0.99].",
         "A key with one value applies to every point. Keys with several values name the point",
-        "folders, e.g. model.n_heads=4. run.out_dir is set by the sweep.",
+        "folders, e.g. model.n_heads=4. run.out_dir is set by the sweep. Swept data.* keys",
+        "(but mode and seq_len) give each point data.cache_dir=<cache_dir>/sweep-<values>, unless",
+        "the grid sets data.cache_dir.",
         "",
         "Resumable: run the same command again. Finished points (checkpoints/latest at",
         "train.max_steps) are skipped; interrupted ones resume from their own checkpoints",
@@ -158,6 +160,7 @@ def parse_args(argv):
 
 # --------------------------------------------------------------------------- grid
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+NO_CACHE_EFFECT = {"data.mode", "data.seq_len", "data.cache_dir"}
 RESERVED = {"run.out_dir": "the sweep gives every point its own run.out_dir (use --out)"}
 
 
@@ -339,6 +342,11 @@ def plan(argv, bin_dir):
                          "differ in letters or digits")
     user_threads = any(k == "train.threads" for k, _ in grid)
     user_eval = any(k == "eval.every_steps" for k, _ in grid)
+    # Swept keys that change the prepared data (data.mode and data.seq_len only change how the
+    # shards are read): each of their values gets its own cache folder, or the points would
+    # rebuild one shared cache under each other.
+    data_keys = [k for k in swept if k.startswith("data.") and k not in NO_CACHE_EFFECT]
+    user_cache = any(k == "data.cache_dir" for k, _ in grid)
     cores = os.cpu_count() or 1
     threads = opts["threads"]
     if threads == "auto":
@@ -354,10 +362,15 @@ def plan(argv, bin_dir):
         try:
             resolved = resolve_recipe(bin_dir, recipe, overrides + [f"run.out_dir={folder}"])
             max_steps = int(yaml_scalar(resolved, "train", "max_steps"))
+            data_part = ",".join(f"{k}={_safe(v)}" for k, v in point if k in data_keys)
+            if data_part and not user_cache:
+                cache = yaml_scalar(resolved, "data", "cache_dir")
+                overrides.append(f"data.cache_dir={cache}/sweep-{data_part}")
             every = max(1, max_steps // opts["eval_points"]) if opts["eval_points"] else 0
             recipe_every = int(yaml_scalar(resolved, "eval", "every_steps"))
             if every and not user_eval and (recipe_every == 0 or recipe_every > every):
                 overrides.append(f"eval.every_steps={every}")
+            if len(overrides) > len(point):
                 resolved = resolve_recipe(bin_dir, recipe, overrides + [f"run.out_dir={folder}"])
         except UsageError as e:
             raise UsageError(f"point {name}: mllm-train refuses its recipe:\n{e}") from None

@@ -74,6 +74,15 @@ evals() { "$S" "$RECIPE" model.n_heads=1,2 "$@" --out "$OUT" --dry-run 2>/dev/nu
 [ "$(evals train.max_steps=40 eval.every_steps=20)" = " 2 eval.every_steps=20" ] || fail "the grid's eval.every_steps"
 expect2 "$RECIPE" model.n_heads=1 --eval-points -1
 
+# Swept data keys that change the prepared data get a cache folder per value; seq_len does not.
+caches() { "$S" "$RECIPE" "$@" --out "$OUT" --dry-run 2>/dev/null | grep -o 'data\.cache_dir=[^ ]*' | tr '\n' ' '; }
+got=$(caches data.val_fraction=0.05,0.1 train.max_steps=100)
+[ "$got" = "data.cache_dir=data/cache/tiny/sweep-data.val_fraction=0.05 data.cache_dir=data/cache/tiny/sweep-data.val_fraction=0.1 " ] \
+  || fail "val_fraction sweep caches: $got"
+[ -z "$(caches data.seq_len=16,32 train.max_steps=100)" ] || fail "seq_len sweep got its own caches"
+[ "$(caches data.val_fraction=0.05,0.1 data.cache_dir=/c train.max_steps=100)" = "data.cache_dir=/c data.cache_dir=/c " ] \
+  || fail "the grid's data.cache_dir"
+
 # --np 2 goes through mpirun.sh; --parallel 2 prepares data first, one point at a time.
 "$S" "$RECIPE" model.n_heads=1,2 --out "$OUT" --np 2 --parallel 2 --dry-run > "$WORK/out" 2>/dev/null \
   || fail "dry run --np 2 --parallel 2"
