@@ -32,6 +32,7 @@ PACKAGES=(
   libgtest-dev libbenchmark-dev
   python3                     # corpus conversion
   gnuplot-nox                 # sweep plots
+  procps                      # pgrep: launch/sweep.sh stops the trainers of a point by session
 )
 [ "$DEV" -eq 1 ] && PACKAGES+=(python3-torch)
 # npm fetches the corpus package; keep a Node.js that is already installed (Debian's npm
