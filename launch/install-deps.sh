@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that building mllm, its tests and the main job need.
-# Idempotent: packages already present are left alone. Uses sudo when not root.
+# Installs what building mllm, its tests and the main job need on Debian 12: Debian's packages
+# (with sudo when not root) and LibTorch, from PyPI's torch wheel, into a project-local virtual
+# environment (.venv; CMake finds it there). No system Python package is changed. Idempotent.
 #
 #   launch/install-deps.sh            build + tests + main job
-#   launch/install-deps.sh --dev      also python3-torch (regenerates golden values, peer/ reference)
+#   launch/install-deps.sh --dev      also numpy in .venv (golden-value scripts, ../shared/peer)
+# Environment: MLLM_VENV (default <repo>/.venv), MLLM_TORCH_VERSION (default 2.11.0), PYTHON.
 set -euo pipefail
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 DEV=0
 for arg in "$@"; do
   case "$arg" in
@@ -16,6 +18,11 @@ for arg in "$@"; do
   esac
 done
 
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${MLLM_VENV:-$ROOT/.venv}"
+# The version on our GPU machines (PyTorch 2.11 + CUDA 13): CPU and GPU runs link the same LibTorch.
+TORCH_VERSION="${MLLM_TORCH_VERSION:-2.11.0}"
+
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "install-deps.sh: not root and no sudo" >&2; exit 1; }
@@ -24,30 +31,58 @@ fi
 
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
-  libtorch-dev
-  libopenblas0-openmp         # LibTorch's BLAS: Debian's default reference BLAS is ~50x slower
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev zlib1g-dev
   libgtest-dev libbenchmark-dev
-  python3                     # corpus conversion
+  xz-utils                    # the embedded corpus is .jsonl.xz
   gnuplot-nox                 # sweep plots
   procps                      # pgrep: launch/sweep.sh stops the trainers of a point by session
 )
-[ "$DEV" -eq 1 ] && PACKAGES+=(python3-torch)
-# npm fetches the corpus package; keep a Node.js that is already installed (Debian's npm
-# conflicts with NodeSource builds).
-command -v npm >/dev/null || PACKAGES+=(npm)
+# A Python >= 3.10 with venv for the torch wheel: the one on PATH if it can make a venv,
+# else Debian's (3.11).
+PYTHON="${PYTHON:-python3}"
+if ! { command -v "$PYTHON" >/dev/null &&
+       "$PYTHON" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; }; then
+  PYTHON=/usr/bin/python3
+  PACKAGES+=(python3 python3-venv)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps.sh: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+  echo "install-deps.sh: all ${#PACKAGES[@]} Debian packages already installed"
+else
+  echo "install-deps.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps.sh: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# LibTorch with CUDA: the torch wheel and the nvidia-* wheels it depends on (CUDA runtime, cuBLAS,
+# cuDNN, NCCL, ...), which libtorch_cuda.so finds through its RUNPATH. About 4.6 GB installed.
+# CMake also needs the CUDA toolkit (nvcc, headers) that these machines carry in /usr/local/cuda.
+want_torch() {
+  [ -x "$VENV/bin/python3" ] &&
+    "$VENV/bin/python3" - "$TORCH_VERSION" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+sys.exit(version("torch").split("+")[0] != sys.argv[1])
+PY
+}
+if want_torch; then
+  echo "install-deps.sh: torch $TORCH_VERSION already in $VENV"
+else
+  [ -x "$VENV/bin/python3" ] || "$PYTHON" -m venv "$VENV"
+  echo "install-deps.sh: pip install torch==$TORCH_VERSION into $VENV"
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "torch==$TORCH_VERSION"
+fi
+if [ "$DEV" -eq 1 ]; then
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir numpy
+fi
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "install-deps.sh: warning: no CUDA toolkit (nvcc) found; LibTorch's CMake config needs" \
+       "one. Install CUDA toolkit 13 (NVIDIA's Debian repository) into /usr/local/cuda." >&2
+fi
