@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <thread>
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -32,26 +34,60 @@ std::atomic<bool> g_stop_signal{false};
 
 extern "C" void on_stop_signal(int) { g_stop_signal.store(true); }
 
+// The value of `key` in at::show_config()'s "key=value, " settings or "  - key: value" lines;
+// "?" when absent.
+std::string torch_config_value(const std::string& config, const std::string& key) {
+  for (const std::string& sep : {std::string("=") , std::string(": ")}) {
+    const auto at = config.find(key + sep);
+    if (at == std::string::npos) continue;
+    const auto begin = at + key.size() + sep.size();
+    const auto end = config.find_first_of(",\n", begin);
+    return config.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  }
+  return "?";
+}
+
+// One line on the LibTorch in use: version, CUDA build, BLAS and CPU kernels, visible GPUs.
+std::string describe_libtorch() {
+  const std::string config = at::show_config();
+  const std::string cuda = torch_config_value(config, "CUDA_VERSION");
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  return fmt::format("LibTorch {} ({}), BLAS {}, CPU kernels {}; {}", TORCH_VERSION,
+                     cuda == "?" ? "CPU only" : "CUDA " + cuda,
+                     torch_config_value(config, "BLAS_INFO"),
+                     torch_config_value(config, "CPU capability usage"),
+                     gpus == 0 ? std::string("no GPU visible: training on the CPU")
+                               : fmt::format("{} GPU(s) visible, but this version trains on the "
+                                             "CPU only", gpus));
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// bf16 autocast on CPU for the scope (LibTorch 1.13 has no C++ RAII guard for it).
+// bf16 autocast on the CPU for the scope; restores the previous autocast state on exit.
 class CpuAutocast {
  public:
   explicit CpuAutocast(bool enabled) : enabled_(enabled) {
     if (!enabled_) return;
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
+    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCPU);
+    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
   }
   ~CpuAutocast() {
     if (!enabled_) return;
-    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_enabled(at::kCPU, prev_enabled_);
+    at::autocast::set_autocast_dtype(at::kCPU, prev_dtype_);
     at::autocast::clear_cache();
   }
+  CpuAutocast(const CpuAutocast&) = delete;
+  CpuAutocast& operator=(const CpuAutocast&) = delete;
 
  private:
   bool enabled_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
 // Recipe keys that may change between a checkpoint and the run resuming it. Everything else
@@ -213,6 +249,7 @@ void Trainer::build() {
   torch::set_num_threads(threads);
   spdlog::info("run {}: world size {} ({} backend), {} threads per rank, recipe {}", r.run.name,
                world, comm.backend(), threads, r.source);
+  spdlog::info("{}", describe_libtorch());
 
   // Data: rank 0 tokenizes and writes shards once; the others wait at the barrier.
   int64_t need_prepare = 0;

@@ -123,14 +123,14 @@ TEST_P(FamilyTest, RejectsBadTokenTensors) {
   EXPECT_THROW(model->forward(torch::ones({1, 4}, torch::kInt)), Error);
 }
 
-// RAII for CPU bf16 autocast (LibTorch 1.13 has no C++ guard).
+// RAII for CPU bf16 autocast.
 struct CpuBf16Autocast {
   CpuBf16Autocast() {
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
   }
   ~CpuBf16Autocast() {
-    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
     at::autocast::clear_cache();
   }
 };
