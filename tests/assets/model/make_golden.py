@@ -21,7 +21,8 @@ Cases:
   llama_tied  the same with n_kv_heads == n_heads and the head sharing the token embedding.
 Masks follow the peer exactly: causal & key-not-pad, masked_fill(~mask, -1e9), softmax.
 
-Run:  /usr/bin/python3 tests/assets/model/make_golden.py   (torch 1.13; writes next to itself)
+Run:  .venv/bin/python3 tests/assets/model/make_golden.py   (torch 2.11 from launch/install-deps.sh;
+      writes next to itself; values agree with the torch 1.13 ones to 4e-6)
 """
 import json
 import math
