@@ -6,8 +6,8 @@
 #include <cstdio>
 
 
-#include "mllm/dist/communicator.h"
-#include "mllm/dist/mpi_communicator.h"  // brings <mpi.h> (C API only)
+#include "mllm/distributed/communicator.h"
+#include "mllm/distributed/mpi_communicator.h"  // brings <mpi.h> (C API only)
 
 using Clock = std::chrono::steady_clock;
 

@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "mllm/dist/communicator.h"
-#include "mllm/dist/data_parallel.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/distributed/data_parallel.h"
 
 using Clock = std::chrono::steady_clock;
 

@@ -5,7 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include "mllm/core/recipe.h"
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/train/device.h"
 #include "mllm/train/app.h"
 #include "mllm/train/trainer.h"
 
@@ -50,7 +51,9 @@ int main(int argc, char** argv) {
                               std::to_string(launcher_world) + " ranks; they would train " +
                               "independently into one run folder. Use dist.backend=auto or mpi, "
                               "or start one process");
-    auto comm = mllm::make_communicator(recipe.dist);
+    // Before the communicator: dist.backend auto picks nccl for a CUDA model.
+    const auto device_type = mllm::resolve_device_type(recipe.train.device, recipe.source);
+    auto comm = mllm::make_communicator(recipe.dist, device_type == torch::kCUDA);
     mllm::Trainer trainer(recipe, comm);
     trainer.run();
     return 0;

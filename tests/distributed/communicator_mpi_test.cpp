@@ -5,10 +5,10 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/mpi_test_util.h"
+#include "distributed/mpi_test_util.h"
 #include "mllm/core/error.h"
-#include "mllm/dist/mpi_communicator.h"
-#include "mllm/dist/mpi_runtime.h"
+#include "mllm/distributed/mpi_communicator.h"
+#include "mllm/distributed/mpi_runtime.h"
 
 using namespace mllm;
 using mllm::test::world;

@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/mpi_test_util.h"
-#include "dist/tiny_lm.h"
+#include "distributed/mpi_test_util.h"
+#include "distributed/tiny_lm.h"
 #include "mllm/core/error.h"
-#include "mllm/dist/data_parallel.h"
+#include "mllm/distributed/data_parallel.h"
 
 using namespace mllm;
 using mllm::test::Batch;

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm::test {
 

@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/tiny_lm.h"
+#include "distributed/tiny_lm.h"
 #include "mllm/core/error.h"
-#include "mllm/dist/data_parallel.h"
+#include "mllm/distributed/data_parallel.h"
 
 using namespace mllm;
 

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/nccl/nccl_core.h"
+#include "mllm/distributed/nccl/nccl_core.h"
 
 using mllm::nccl::DataType;
 using mllm::nccl::NcclCore;

@@ -51,13 +51,16 @@ struct ModelConfig {
   double norm_eps = 1e-5;        // LayerNorm / RMSNorm epsilon
   bool tie_embeddings = false;   // llama: share input embedding and output head
   double init_std = 0.02;        // normal init std; residual projections / sqrt(2 n_layers)
+  std::string attn_impl = "auto";  // eager | sdpa | auto (sdpa on CUDA, eager on the CPU)
 };
 
 struct TrainConfig {
   int64_t max_steps = 2000;      // optimizer steps; the lr schedule always spans these
   int64_t global_batch = 64;     // sequences per optimizer step, all ranks together
   int64_t micro_batch = 8;       // sequences per rank per forward pass
+  std::string device = "auto";   // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 (autocast, fp32 master weights)
+  bool tf32 = true;              // CUDA: TF32 for fp32 matmuls (no effect on the CPU)
   int64_t threads = 0;           // intra-op threads per rank; 0 = auto (cores / local ranks)
   std::optional<int64_t> stop_at_step;   // end this invocation after this step (checkpointed)
   std::optional<double> time_limit_s;    // end this invocation after this many seconds

@@ -304,13 +304,19 @@ KeySpec recipe_schema(Recipe& r) {
           key("norm_eps", m.norm_eps, "LayerNorm / RMSNorm epsilon", positive()),
           key("tie_embeddings", m.tie_embeddings, "llama: output head shares the token embedding"),
           key("init_std", m.init_std, "std of the normal weight init", positive()),
+          key("attn_impl", m.attn_impl,
+              "attention kernel: eager (explicit softmax), sdpa (LibTorch scaled_dot_product_attention), "
+              "auto (sdpa on CUDA, eager on the CPU)", {"auto", "eager", "sdpa"}),
       }),
       section("train", "loop and batch sizes", {
           key("max_steps", t.max_steps, "optimizer steps of the whole run (the schedule spans them)", at_least(1)),
           key("global_batch", t.global_batch, "sequences per optimizer step over all ranks", at_least(1),
               {"batch_size"}),
           key("micro_batch", t.micro_batch, "sequences per rank per forward pass", at_least(1)),
+          key("device", t.device, "cpu, cuda (rank r on cuda:(local_rank % GPUs)), or auto (cuda when "
+              "LibTorch has CUDA and a GPU is visible)", {"auto", "cpu", "cuda"}),
           key("precision", t.precision, "fp32, or bf16 autocast with fp32 master weights", {"fp32", "bf16"}),
+          key("tf32", t.tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions"),
           threads_key(t.threads, "intra-op threads per rank (auto = cores / ranks on this node)"),
           key("stop_at_step", t.stop_at_step, "end this invocation after this step, checkpointed", at_least(1)),
           key("time_limit_s", t.time_limit_s, "end this invocation after this many seconds, checkpointed",

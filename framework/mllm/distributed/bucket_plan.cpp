@@ -1,5 +1,5 @@
 // Greedy bucket packing by bytes, one open bucket per (dtype, device).
-#include "mllm/dist/bucket_plan.h"
+#include "mllm/distributed/bucket_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,6 +1,6 @@
 // Communicator registry, backend selection (make_communicator), launch detection, and the
 // argument checks every backend shares.
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 #include <cstdlib>
 
@@ -8,19 +8,19 @@
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/mpi_communicator.h"
-#include "mllm/dist/single_communicator.h"
+#include "mllm/distributed/mpi_communicator.h"
+#include "mllm/distributed/single_communicator.h"
 
-// Written by framework/mllm/dist/nccl/CMakeLists.txt: MLLM_HAVE_NCCL (0/1) and, when 0, why.
-#if __has_include("mllm/dist/nccl_build_config.h")
-#include "mllm/dist/nccl_build_config.h"
+// Written by framework/mllm/distributed/nccl/CMakeLists.txt: MLLM_HAVE_NCCL (0/1) and, when 0, why.
+#if __has_include("mllm/distributed/nccl_build_config.h")
+#include "mllm/distributed/nccl_build_config.h"
 #endif
 #ifndef MLLM_HAVE_NCCL
 #define MLLM_HAVE_NCCL 0
-#define MLLM_NCCL_BUILD_NOTE "the NCCL build rules (framework/mllm/dist/nccl) were not configured"
+#define MLLM_NCCL_BUILD_NOTE "the NCCL build rules (framework/mllm/distributed/nccl) were not configured"
 #endif
 #if MLLM_HAVE_NCCL
-#include "mllm/dist/nccl/nccl_communicator.h"
+#include "mllm/distributed/nccl/nccl_communicator.h"
 #endif
 
 namespace mllm {
@@ -88,18 +88,46 @@ bool launched_under_mpi() {
 
 bool built_with_nccl() { return MLLM_HAVE_NCCL != 0; }
 
+int launcher_local_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
 std::shared_ptr<Communicator> make_communicator(const DistConfig& cfg, bool want_cuda) {
   register_builtin_communicators();
   std::string backend = cfg.backend;
   if (backend == "auto") {
-    if (want_cuda && built_with_nccl())
+    // NCCL needs a GPU of its own per rank; ranks sharing GPUs go over MPI, staged.
+    const int local = launcher_local_size();
+    const int gpus = want_cuda ? static_cast<int>(torch::cuda::device_count()) : 0;
+    if (want_cuda && built_with_nccl() && local <= gpus)
       backend = "nccl";
     else
       backend = launched_under_mpi() ? "mpi" : "single";
-    if (want_cuda && backend != "nccl")
-      spdlog::warn("dist.backend auto: the model is on CUDA but this build has no NCCL ({}); "
-                   "using {} with gradients staged through host memory",
-                   MLLM_NCCL_BUILD_NOTE, backend);
+    if (want_cuda && backend == "mpi") {
+      if (!built_with_nccl())
+        spdlog::warn("dist.backend auto: the model is on CUDA but this build has no NCCL ({}); "
+                     "using mpi with gradients staged through host memory", MLLM_NCCL_BUILD_NOTE);
+      else
+        spdlog::warn("dist.backend auto: {} ranks on this node share {} GPU(s), and NCCL needs "
+                     "one GPU per rank; using mpi with gradients staged through host memory",
+                     local, gpus);
+    }
+  }
+  if (backend == "nccl" && want_cuda && communicator_registry().contains("nccl")) {
+    const int local = launcher_local_size();
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (local > gpus)
+      throw ConfigError(fmt::format(
+          "dist.backend: nccl needs one GPU per rank, but {} ranks on this node share {} GPU(s); "
+          "start at most {} ranks per node, or use dist.backend: mpi (staged through host memory)",
+          local, gpus, gpus));
   }
   if (backend == "nccl" && !communicator_registry().contains("nccl"))
     throw ConfigError(fmt::format(

@@ -91,18 +91,23 @@ void register_builtin_communicators();
 // PMIX_RANK in the environment). Never initialises MPI.
 bool launched_under_mpi();
 
+// Ranks on this node as the launcher set them (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// SLURM_NTASKS_PER_NODE), before MPI starts; 1 when none is set.
+int launcher_local_size();
+
 // True when this build has the NCCL backend (a CUDA-enabled LibTorch and NCCL were found).
 bool built_with_nccl();
 
 // Builds the communicator for cfg.backend:
-//   auto   -> nccl when want_cuda and built with NCCL, else mpi when launched_under_mpi(), else
-//             single;
+//   auto   -> nccl when want_cuda, built with NCCL and each rank of this node has a GPU of its
+//             own; else mpi when launched_under_mpi(); else single;
 //   mpi    -> MPI on CPU tensors (tensors on other devices are staged through host memory);
 //   nccl   -> NCCL on CUDA tensors, bootstrapped over MPI;
 //   single -> one process, world 1, no MPI.
 // Initialises MPI once per process when needed (finalised at exit). Registers the built-in
-// backends first. Throws ConfigError for an unknown backend (listing the known ones) or for nccl
-// in a build without it (saying how to build it), CommError when MPI or NCCL set-up fails.
+// backends first. Throws ConfigError for an unknown backend (listing the known ones), for nccl
+// in a build without it (saying how to build it) or with more ranks on a node than GPUs,
+// CommError when MPI or NCCL set-up fails.
 std::shared_ptr<Communicator> make_communicator(const DistConfig& cfg, bool want_cuda = false);
 
 // Initialises MPI for this process if nobody has (MPI_THREAD_MULTIPLE requested, at least

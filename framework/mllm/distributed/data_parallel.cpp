@@ -1,6 +1,6 @@
 // DataParallel: start-up broadcast and model check, hook-driven bucketed gradient all-reduce,
 // accumulation without communication, token-count loss normalisation, global-norm clipping.
-#include "mllm/dist/data_parallel.h"
+#include "mllm/distributed/data_parallel.h"
 
 #include <cmath>
 #include <set>
@@ -12,7 +12,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/bucket_plan.h"
+#include "mllm/distributed/bucket_plan.h"
 
 namespace mllm {
 namespace {
@@ -348,10 +348,19 @@ double DataParallel::clip_grad_norm(double max_norm) {
                   "finish_gradient_sync() first");
   }
   double sq = 0.0;
+  torch::Tensor device_sq;  // GPU gradients: summed on the device, read back once
   for (const auto& p : params_) {
     const torch::Tensor& g = p.tensor.grad();
-    if (g.defined()) sq += sum_of_squares(g);
+    if (!g.defined()) continue;
+    if (g.device().is_cpu()) {
+      sq += sum_of_squares(g);
+    } else {
+      torch::NoGradGuard no_grad;
+      torch::Tensor s = g.detach().to(torch::kDouble).square().sum();
+      device_sq = device_sq.defined() ? device_sq + s : s;
+    }
   }
+  if (device_sq.defined()) sq += device_sq.item<double>();
   const double norm = std::sqrt(sq);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     const double coef = max_norm / norm;

@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm {
 

@@ -1,6 +1,6 @@
 // The mpi backend: every collective is a task on the communication thread; all-reduces use a
 // rank-ordered reduction so results are bitwise identical on all ranks and for any bucketing.
-#include "mllm/dist/mpi_communicator.h"
+#include "mllm/distributed/mpi_communicator.h"
 
 #include <algorithm>
 #include <climits>
@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/mpi_runtime.h"
+#include "mllm/distributed/mpi_runtime.h"
 
 namespace mllm {
 namespace detail {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm {
 

@@ -1,6 +1,6 @@
 // MPI start-up/shutdown, return-code checks, abort_job, and the communication thread that runs
 // the collectives of our MPI communicators (see mpi_runtime.h).
-#include "mllm/dist/mpi_runtime.h"
+#include "mllm/distributed/mpi_runtime.h"
 
 #include <chrono>
 #include <cstdlib>

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <string>
 
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm::detail {
 

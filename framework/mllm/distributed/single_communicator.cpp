@@ -1,5 +1,5 @@
 // The single-process communicator: identity collectives with the shared argument checks.
-#include "mllm/dist/single_communicator.h"
+#include "mllm/distributed/single_communicator.h"
 
 namespace mllm {
 namespace {

@@ -3,7 +3,7 @@
 // as many.
 #pragma once
 
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm {
 

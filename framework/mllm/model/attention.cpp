@@ -37,12 +37,18 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t offset) const {
   return out.to(x.scalar_type());
 }
 
+bool uses_sdpa(const std::string& impl, const torch::Device& device) {
+  return impl == "sdpa" || (impl == "auto" && device.is_cuda());
+}
+
 AttentionImpl::AttentionImpl(const AttentionOptions& options)
     : options_(options), head_dim_(options.d_model / options.n_heads) {
   MLLM_CHECK(options.n_heads > 0 && options.d_model % options.n_heads == 0,
              "attention: d_model must be divisible by n_heads");
   MLLM_CHECK(options.n_kv_heads > 0 && options.n_heads % options.n_kv_heads == 0,
              "attention: n_kv_heads must divide n_heads");
+  MLLM_CHECK(options.impl == "eager" || options.impl == "sdpa" || options.impl == "auto",
+             "attention: impl must be eager, sdpa or auto, not '" + options.impl + "'");
   const int64_t d = options.d_model, kv = options.n_kv_heads * head_dim_;
   namespace nn = torch::nn;
   q_proj = register_module("q_proj", nn::Linear(nn::LinearOptions(d, d).bias(options.bias)));
@@ -78,6 +84,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = k.repeat_interleave(h / kvh, 1);
     v = v.repeat_interleave(h / kvh, 1);
   }
+  if (uses_sdpa(options_.impl, x.device())) {
+    const double p = is_training() ? options_.attn_dropout : 0.0;
+    torch::Tensor out;
+    if (!blocked.defined()) {
+      MLLM_CHECK(q.size(2) == k.size(2), "attention: a causal call without mask needs no cache");
+      out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+    } else {
+      // Additive, as eager's masked_fill(-1e9): rows with every key masked stay finite.
+      auto bias = torch::zeros(blocked.sizes(), q.options()).masked_fill(blocked, -1e9);
+      out = at::scaled_dot_product_attention(q, k, v, bias, p, /*is_causal=*/false);
+    }
+    return o_proj(out.transpose(1, 2).reshape({b, t, h * hd}));
+  }
+  MLLM_CHECK(blocked.defined(), "attention: eager attention needs the mask");
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   // float32 softmax even under bf16 autocast; -1e9 rather than -inf keeps all-masked rows
   // finite (uniform), exactly as the PyTorch reference.

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 namespace mllm {
 
@@ -38,18 +39,29 @@ struct AttentionOptions {
   int64_t n_kv_heads = 0;     // divides n_heads; == n_heads for plain multi-head attention
   bool bias = true;           // biases on the four projections
   double attn_dropout = 0.0;  // dropout on the attention probabilities (training only)
+  std::string impl = "eager";  // eager | sdpa | auto (model.attn_impl; see uses_sdpa)
 };
+
+// Whether attention runs through torch::scaled_dot_product_attention for tensors on `device`:
+// impl "sdpa" always, "auto" on CUDA (flash / memory-efficient kernels), "eager" never.
+bool uses_sdpa(const std::string& impl, const torch::Device& device);
 
 // Separate Q/K/V/O projections (parameters q_proj, k_proj, v_proj, o_proj). Heads are split to
 // [batch, heads, seq, head_dim]; key/value head j serves query heads j*r .. j*r+r-1 with
-// r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv). Scores / sqrt(head_dim),
-// masked_fill(blocked, -1e9), softmax in float32, dropout, weighted sum of values, o_proj.
+// r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv).
+// eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax in float32, dropout,
+// weighted sum of values, o_proj — the reference path.
+// sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
+// causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
+// rows behave as in eager). Agrees with eager to float rounding; its dropout draws other
+// random numbers.
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const AttentionOptions& options);
 
   // x [batch, seq, d_model] -> [batch, seq, d_model] (dtype follows autocast / the weights).
-  // blocked [batch, 1, seq, keys] bool, true = masked; keys = cached length + seq.
+  // blocked [batch, 1, seq, keys] bool, true = masked; keys = cached length + seq. Undefined
+  // (sdpa only): causal, no padding, no cache.
   // rope: rotary tables applied to q and k at positions offset.. (nullptr: none).
   // cache_k / cache_v: when non-null, this call's keys and values are appended to them
   // ([batch, n_kv_heads, len, head_dim]; undefined = empty) and attention runs over all of them.

@@ -45,6 +45,7 @@ LlamaOptions LlamaOptions::from_config(const ModelConfig& c, int64_t vocab_size,
   o.norm_eps = c.norm_eps;
   o.tie_embeddings = c.tie_embeddings;
   o.init_std = c.init_std;
+  o.attn_impl = c.attn_impl;
   return o;
 }
 
@@ -79,6 +80,7 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
   a.n_kv_heads = o.n_kv_heads;
   a.bias = false;
   a.attn_dropout = o.attn_dropout;
+  a.impl = o.attn_impl;
   attn = register_module("attn", Attention(a));
   ffn_norm = register_module("ffn_norm", RMSNorm(o.d_model, o.norm_eps));
   ffn = register_module("ffn", SwiGLU(o.d_model, o.d_ff));
@@ -127,7 +129,8 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t t = tokens.size(1);
   auto key_pad = cache != nullptr ? detail::extend_key_pad(*cache, tokens, options_.n_layers)
                                   : tokens.eq(kPadId);
-  auto blocked = detail::blocked_mask(key_pad, t, offset);
+  auto blocked = detail::attention_mask(key_pad, t, offset,
+                                        uses_sdpa(options_.attn_impl, tokens.device()));
   auto x = drop(tok_emb(tokens));
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = blocks_[l]->forward(x, blocked, rope_, offset, cache ? &cache->k[l] : nullptr,

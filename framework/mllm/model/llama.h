@@ -28,6 +28,7 @@ struct LlamaOptions {
   double norm_eps = 1e-5;      // RMSNorm epsilon
   bool tie_embeddings = false;
   double init_std = 0.02;
+  std::string attn_impl = "eager";  // model.attn_impl: eager | sdpa | auto
 
   // The LLaMA SwiGLU hidden size (Meta llama model.py FeedForward, llama2.c):
   // multiple_of * ceil(floor(2 * 4 d_model / 3) / multiple_of). E.g. d 128, 32 -> 352.

@@ -36,6 +36,7 @@ MiniLLMOptions MiniLLMOptions::from_config(const ModelConfig& c, int64_t vocab_s
   o.attn_dropout = c.attn_dropout.value_or(c.dropout);
   o.norm_eps = c.norm_eps;
   o.init_std = c.init_std;
+  o.attn_impl = c.attn_impl;
   return o;
 }
 
@@ -57,6 +58,7 @@ MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {
   a.n_kv_heads = o.n_heads;
   a.bias = true;
   a.attn_dropout = o.attn_dropout;
+  a.impl = o.attn_impl;
   attn = register_module("attn", Attention(a));
   ffn = register_module("ffn", MiniLLMFeedForward(o.d_model, o.d_ff));
   const auto ln = torch::nn::LayerNormOptions({o.d_model}).eps(o.norm_eps);
@@ -102,7 +104,8 @@ torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t t = tokens.size(1);
   auto key_pad = cache != nullptr ? detail::extend_key_pad(*cache, tokens, options_.n_layers)
                                   : tokens.eq(kPadId);
-  auto blocked = detail::blocked_mask(key_pad, t, offset);
+  auto blocked = detail::attention_mask(key_pad, t, offset,
+                                        uses_sdpa(options_.attn_impl, tokens.device()));
   auto positions = torch::arange(offset, offset + t, tokens.options());
   auto x = tok_emb(tokens) * std::sqrt(static_cast<double>(options_.d_model)) + pos_emb(positions);
   x = drop(x);

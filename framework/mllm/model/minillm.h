@@ -26,6 +26,7 @@ struct MiniLLMOptions {
   double attn_dropout = 0.1;   // on attention probabilities (reference notes; ddp_ref.py has none)
   double norm_eps = 1e-5;      // LayerNorm epsilon (PyTorch default, as the reference)
   double init_std = 0.02;
+  std::string attn_impl = "eager";  // model.attn_impl: eager | sdpa | auto
 
   // From the recipe's model section: d_ff 0 -> 4 * d_model; attn_dropout = model.attn_dropout,
   // or model.dropout when that is null (set it to 0 to train exactly like ddp_ref.py). Throws ConfigError (naming the model.* key) when d_model is

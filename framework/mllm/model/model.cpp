@@ -67,6 +67,13 @@ void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
   }
 }
 
+torch::Tensor attention_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset,
+                             bool sdpa) {
+  if (sdpa && offset == 0 && key_pad.size(1) == query_len && !key_pad.any().item<bool>())
+    return {};
+  return blocked_mask(key_pad, query_len, offset);
+}
+
 torch::Tensor blocked_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset) {
   const int64_t b = key_pad.size(0), s = key_pad.size(1);
   // Query i (absolute position offset + i) may see key j when j <= offset + i.

@@ -9,7 +9,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/core/logging.h"
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1  // the C API only; OpenMPI's C++ bindings need libmpi_cxx

@@ -73,6 +73,13 @@ std::string read_latest(const fs::path& checkpoints_dir) {
 }
 
 std::string rng_file(int rank) { return fmt::format("rng_rank_{:02d}.pt", rank); }
+std::string rng_file_cuda(int rank) { return fmt::format("rng_rank_{:02d}.cuda.pt", rank); }
+
+// The device of the module's first parameter (CPU for a module without any).
+torch::Device module_device(torch::nn::Module& m) {
+  for (const auto& p : m.parameters()) return p.device();
+  return torch::Device(torch::kCPU);
+}
 
 // Steps of the step_NNNNNN folders under dir, newest first.
 std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
@@ -130,6 +137,13 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
     torch::save(rng, p.string());
     fsync_path(p);
+    // Dropout on a GPU draws from that GPU's generator: saved too, for exact GPU resumes.
+    const torch::Device device = module_device(model);
+    if (device.is_cuda()) {
+      const fs::path pc = tmp_dir / rng_file_cuda(comm.rank());
+      torch::save(at::globalContext().defaultGenerator(device).get_state(), pc.string());
+      fsync_path(pc);
+    }
   }
   if (comm.rank() == 0) {
     save_module(model, tmp_dir / "model.pt");
@@ -269,7 +283,8 @@ void load_model_weights(const std::string& folder, torch::nn::Module& model) {
   const fs::path p = fs::path(folder) / "model.pt";
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(p.string());
+    // Onto the model's device, wherever the checkpoint was written (GPU <-> CPU resumes).
+    archive.load_from(p.string(), module_device(model));
     model.load(archive);
   } catch (const c10::Error& e) {
     throw CheckpointError("cannot load weights from " + p.string() + ": " + e.what_without_backtrace());
@@ -278,15 +293,21 @@ void load_model_weights(const std::string& folder, torch::nn::Module& model) {
 
 void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& optimizer) {
   const fs::path p = fs::path(folder) / "optimizer.pt";
+  torch::Device device(torch::kCPU);
+  for (const auto& group : optimizer.param_groups())
+    if (!group.params().empty()) {
+      device = group.params().front().device();
+      break;
+    }
   try {
-    torch::load(optimizer, p.string());
+    torch::load(optimizer, p.string(), device);
   } catch (const c10::Error& e) {
     throw CheckpointError("cannot load optimizer state from " + p.string() + ": " +
                           e.what_without_backtrace());
   }
 }
 
-bool load_rng_state(const std::string& folder, int rank) {
+bool load_rng_state(const std::string& folder, int rank, const torch::Device& device) {
   const fs::path p = fs::path(folder) / rng_file(rank);
   if (!fs::exists(p)) return false;
   torch::Tensor state;
@@ -297,8 +318,25 @@ bool load_rng_state(const std::string& folder, int rank) {
                           e.what_without_backtrace());
   }
   auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+  // The GPU generator's state when the checkpoint has one and we train on a GPU (a CPU
+  // checkpoint resumed on a GPU, or the other way round, re-seeds dropout on the GPU).
+  const fs::path pc = fs::path(folder) / rng_file_cuda(rank);
+  if (device.is_cuda() && fs::exists(pc)) {
+    torch::Tensor cuda_state;
+    try {
+      torch::load(cuda_state, pc.string());
+    } catch (const c10::Error& e) {
+      throw CheckpointError("cannot load RNG state from " + pc.string() + ": " +
+                            e.what_without_backtrace());
+    }
+    auto cuda_gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(cuda_gen.mutex());
+    cuda_gen.set_state(cuda_state);
+  }
   return true;
 }
 

@@ -8,6 +8,7 @@
 //   optimizer.pt        optimizer state (AdamW moments and step counts)
 //   state.json          step, tokens, sampler position, world size, elapsed seconds, lr, ...
 //   rng_rank_NN.pt      each rank's CPU generator state (dropout)
+//   rng_rank_NN.cuda.pt each rank's GPU generator state, when it trained on a GPU
 //   recipe.yaml         the resolved recipe of the run that saved it
 //   tokenizer.<ext>     a copy of the tokenizer file
 //   manifest.json       every file above with its size in bytes and CRC-32
@@ -21,7 +22,7 @@
 #include <torch/torch.h>
 
 #include "mllm/data/sampler.h"
-#include "mllm/dist/communicator.h"
+#include "mllm/distributed/communicator.h"
 
 namespace mllm {
 
@@ -67,11 +68,15 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
 TrainState read_train_state(const std::string& folder);
 std::string read_checkpoint_recipe(const std::string& folder);     // recipe.yaml text
 std::string checkpoint_tokenizer_path(const std::string& folder);  // tokenizer.* path
+// Weights and optimizer state are loaded onto the device of the model's / optimizer's
+// parameters, whatever device wrote them (a GPU checkpoint resumes on the CPU and back).
 void load_model_weights(const std::string& folder, torch::nn::Module& model);
 void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& optimizer);
-// Restores this rank's generator; returns false (state untouched) if the file for `rank` is
-// absent (resuming at another world size).
-bool load_rng_state(const std::string& folder, int rank);
+// Restores this rank's CPU generator, and on a CUDA `device` also that GPU's generator when the
+// checkpoint holds its state; returns false (state untouched) if the file for `rank` is absent
+// (resuming at another world size).
+bool load_rng_state(const std::string& folder, int rank,
+                    const torch::Device& device = torch::Device(torch::kCPU));
 
 // Writes `model`'s parameters as a .safetensors file (all F32 unless the tensors are BF16):
 // 8-byte little-endian header size, JSON header {name: {dtype, shape, data_offsets}}, raw data.

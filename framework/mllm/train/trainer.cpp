@@ -24,6 +24,7 @@
 #include "mllm/model/loss.h"
 #include "mllm/optim/optimizer.h"
 #include "mllm/train/builtins.h"
+#include "mllm/train/device.h"
 
 namespace fs = std::filesystem;
 
@@ -47,54 +48,69 @@ std::string torch_config_value(const std::string& config, const std::string& key
   return "?";
 }
 
-// One line on the LibTorch in use: version, CUDA build, BLAS and CPU kernels, visible GPUs.
-std::string describe_libtorch() {
+// One line on the LibTorch in use and the device: version, CUDA build, BLAS and CPU kernels,
+// visible GPUs, where this rank trains.
+std::string describe_libtorch(const torch::Device& device) {
   const std::string config = at::show_config();
   const std::string cuda = torch_config_value(config, "CUDA_VERSION");
-  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const int gpus = visible_gpus();
+  std::string where;
+  if (device.is_cuda())
+    where = fmt::format("{} GPU(s) visible: training on {}", gpus, device.str());
+  else if (gpus == 0)
+    where = "no GPU visible: training on the CPU";
+  else
+    where = fmt::format("{} GPU(s) visible, training on the CPU (train.device=cpu)", gpus);
   return fmt::format("LibTorch {} ({}), BLAS {}, CPU kernels {}; {}", TORCH_VERSION,
                      cuda == "?" ? "CPU only" : "CUDA " + cuda,
                      torch_config_value(config, "BLAS_INFO"),
-                     torch_config_value(config, "CPU capability usage"),
-                     gpus == 0 ? std::string("no GPU visible: training on the CPU")
-                               : fmt::format("{} GPU(s) visible, but this version trains on the "
-                                             "CPU only", gpus));
+                     torch_config_value(config, "CPU capability usage"), where);
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// bf16 autocast on the CPU for the scope; restores the previous autocast state on exit.
-class CpuAutocast {
+// bf16 autocast on `device`'s type for the scope; restores the previous autocast state on exit.
+class Autocast {
  public:
-  explicit CpuAutocast(bool enabled) : enabled_(enabled) {
+  Autocast(bool enabled, const torch::Device& device) : enabled_(enabled), type_(device.type()) {
     if (!enabled_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCPU);
-    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
+    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
   }
-  ~CpuAutocast() {
+  ~Autocast() {
     if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCPU, prev_enabled_);
-    at::autocast::set_autocast_dtype(at::kCPU, prev_dtype_);
+    at::autocast::set_autocast_enabled(type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(type_, prev_dtype_);
     at::autocast::clear_cache();
   }
-  CpuAutocast(const CpuAutocast&) = delete;
-  CpuAutocast& operator=(const CpuAutocast&) = delete;
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool enabled_;
+  at::DeviceType type_;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
+
+// The batch on `device`: pinned host memory and a non-blocking copy for a GPU.
+Batch to_device(Batch b, const torch::Device& device) {
+  if (device.is_cpu()) return b;
+  b.inputs = b.inputs.pin_memory().to(device, /*non_blocking=*/true);
+  b.targets = b.targets.pin_memory().to(device, /*non_blocking=*/true);
+  return b;
+}
 
 // Recipe keys that may change between a checkpoint and the run resuming it. Everything else
 // (model shape, tokenizer, data, batch sizes, optimizer, seed) would silently change the run.
 bool may_change_on_resume(const std::string& key) {
   static const char* kAllowed[] = {"run.name", "run.out_dir", "train.max_steps",
                                    "train.stop_at_step", "train.time_limit_s", "train.threads",
+                                   "train.device", "train.tf32", "model.attn_impl",
                                    "callbacks", "plugins", "checkpoint.", "eval.", "sample.",
                                    "log.", "dist."};
   for (const char* a : kAllowed) {
@@ -170,19 +186,21 @@ int resolve_threads(int64_t threads, int local_size) {
   return std::max(1, hw / std::max(1, local_size));
 }
 
-double measure_peak_flops(bool bf16) {
+double measure_peak_flops(bool bf16, const torch::Device& device) {
   torch::NoGradGuard no_grad;
-  const int64_t n = 1024;
-  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(device);
   // Constant operands: the timing does not depend on values, and drawing random ones would
   // advance the default generator and break bit-exact resume of dropout.
   torch::Tensor a = torch::full({n, n}, 0.5, opts);
   torch::Tensor b = torch::full({n, n}, 0.25, opts);
-  torch::mm(a, b);  // warm up (thread pool, oneDNN kernels)
+  torch::mm(a, b);  // warm up (thread pool, oneDNN kernels, cuBLAS handles)
+  synchronize(device);
   double best_s = 1e30;
   for (int i = 0; i < 3; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     torch::mm(a, b);
+    synchronize(device);
     best_s = std::min(best_s, ms_since(t0) / 1000.0);
   }
   return 2.0 * n * n * n / best_s;
@@ -249,7 +267,12 @@ void Trainer::build() {
   torch::set_num_threads(threads);
   spdlog::info("run {}: world size {} ({} backend), {} threads per rank, recipe {}", r.run.name,
                world, comm.backend(), threads, r.source);
-  spdlog::info("{}", describe_libtorch());
+  device_ = rank_device(resolve_device_type(r.train.device, r.source), comm.local_rank());
+  if (device_.is_cuda()) {
+    at::globalContext().setAllowTF32CuBLAS(r.train.tf32);
+    at::globalContext().setAllowTF32CuDNN(r.train.tf32);
+  }
+  spdlog::info("{}", describe_libtorch(device_));
 
   // Data: rank 0 tokenizes and writes shards once; the others wait at the barrier.
   int64_t need_prepare = 0;
@@ -288,6 +311,7 @@ void Trainer::build() {
   // Model: identical initialisation on every rank (same seed), then broadcast + verify anyway.
   torch::manual_seed(static_cast<uint64_t>(r.run.seed));
   model_ = model_registry().create(r.model.type, r.model, tokenizer_->vocab_size(), r.max_seq_len());
+  model_->to(device_);  // initialised on the CPU first: the same weights on every device
   flops_per_token_ = model_->flops_per_token(r.data.seq_len);
   dp_ = std::make_unique<DataParallel>(model_, comm_,
                                        static_cast<int64_t>(r.dist.bucket_mb * 1024 * 1024));
@@ -321,7 +345,8 @@ void Trainer::build() {
   // MFU denominator: every rank times a GEMM at the same moment (after a barrier), so ranks
   // sharing cores measure their real share, and the shares add up to the job's peak.
   comm.barrier();
-  torch::Tensor peak = torch::tensor({measure_peak_flops(r.train.precision == "bf16")}, torch::kFloat64);
+  torch::Tensor peak = torch::tensor({measure_peak_flops(r.train.precision == "bf16", device_)},
+                                     torch::kFloat64);
   comm.all_reduce(peak, ReduceOp::kSum);
   peak_flops_ = peak.item<double>();
 }
@@ -336,7 +361,7 @@ void Trainer::resume_from(const std::string& folder) {
   load_model_weights(folder, *model_);
   load_optimizer_state(folder, *optimizer_);
   sampler_->load_state(saved.sampler);
-  bool rng = load_rng_state(folder, comm_->rank());
+  bool rng = load_rng_state(folder, comm_->rank(), device_);
   if (saved.world_size != comm_->world_size())
     spdlog::warn("resuming a {}-rank checkpoint with {} ranks: same global batches, but dropout "
                  "RNG streams are re-seeded", saved.world_size, comm_->world_size());
@@ -394,8 +419,9 @@ StepMetrics Trainer::train_step() {
   std::vector<Batch> batches;
   int64_t local_targets = 0;
   for (const auto& ids : sampler_->next_step()) {
-    batches.push_back(train_data_->get(ids));
-    local_targets += count_targets(batches.back().targets);
+    Batch batch = train_data_->get(ids);
+    local_targets += count_targets(batch.targets);
+    batches.push_back(to_device(std::move(batch), device_));
   }
   int64_t global_targets = 0;
   const double scale = dp_->loss_scale(local_targets, &global_targets);
@@ -403,21 +429,23 @@ StepMetrics Trainer::train_step() {
 
   model_->train();
   optimizer_->zero_grad();
-  double local_loss_sum = 0;
+  // Summed on the device in float64 (no host round trip per micro-step); on the CPU the same
+  // additions in the same order as summing item<double>() values.
+  torch::Tensor local_loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device_));
   for (std::size_t a = 0; a < batches.size(); ++a) {
     // Why: only the last micro-step all-reduces; earlier ones just accumulate locally.
     dp_->set_sync(a + 1 == batches.size());
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor loss;
     {
-      CpuAutocast autocast(r.train.precision == "bf16");
+      Autocast autocast(r.train.precision == "bf16", device_);
       loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
     }
     m.forward_ms += ms_since(t0);
     auto t1 = std::chrono::steady_clock::now();
     (loss * scale).backward();
     m.backward_ms += ms_since(t1);
-    local_loss_sum += loss.item<double>();
+    local_loss_sum += loss.detach().to(torch::kFloat64);
   }
   auto t2 = std::chrono::steady_clock::now();
   dp_->finish_gradient_sync();
@@ -437,7 +465,8 @@ StepMetrics Trainer::train_step() {
   // rank, the time limit on any rank), so every rank stops after the same step, for one reason.
   const bool timed_out = r.train.time_limit_s && seconds_running() >= *r.train.time_limit_s;
   torch::Tensor red = torch::tensor(
-      {local_loss_sum, stop_signal_received() ? 1.0 : 0.0, timed_out ? 1.0 : 0.0}, torch::kFloat64);
+      {local_loss_sum.item<double>(), stop_signal_received() ? 1.0 : 0.0, timed_out ? 1.0 : 0.0},
+      torch::kFloat64);
   comm_->all_reduce(red, ReduceOp::kSum);
   if (red[1].item<double>() > 0) stop_reason_ = StopReason::kSignal;
   else if (red[2].item<double>() > 0) stop_reason_ = StopReason::kTimeLimit;
@@ -469,9 +498,10 @@ EvalMetrics Trainer::evaluate() {
                                  comm_->world_size());
     if (ids.empty()) continue;
     Batch batch = val_data_->get(ids);
-    CpuAutocast autocast(r.train.precision == "bf16");
-    sum += lm_loss_sum(model_->forward(batch.inputs), batch.targets).item<double>();
     count += static_cast<double>(count_targets(batch.targets));
+    batch = to_device(std::move(batch), device_);
+    Autocast autocast(r.train.precision == "bf16", device_);
+    sum += lm_loss_sum(model_->forward(batch.inputs), batch.targets).item<double>();
   }
   model_->train();
   torch::Tensor red = torch::tensor({sum, count}, torch::kFloat64);

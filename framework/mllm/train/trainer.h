@@ -19,8 +19,8 @@
 #include "mllm/data/dataset.h"
 #include "mllm/data/sampler.h"
 #include "mllm/data/tokenizer.h"
-#include "mllm/dist/communicator.h"
-#include "mllm/dist/data_parallel.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/distributed/data_parallel.h"
 #include "mllm/model/model.h"
 #include "mllm/optim/lr_schedule.h"
 #include "mllm/train/callback.h"
@@ -66,6 +66,8 @@ class Trainer {
   LanguageModel& model() { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t step() const { return state_.step; }
+  // Where this rank's model, batches and optimizer state live (train.device; train/device.h).
+  const torch::Device& device() const { return device_; }
   const std::string& run_dir() const { return run_dir_; }
   std::string checkpoints_dir() const { return run_dir_ + "/checkpoints"; }
   // Peak FLOP/s of the whole job: the sum of every rank's GEMM throughput measured at the
@@ -82,6 +84,7 @@ class Trainer {
 
   Recipe recipe_;
   std::shared_ptr<Communicator> comm_;
+  torch::Device device_{torch::kCPU};
   std::string run_dir_;
   std::string tokenizer_path_;
   std::shared_ptr<Tokenizer> tokenizer_;
@@ -105,9 +108,9 @@ class Trainer {
 // Threads per rank for train.threads (0 = auto: hardware threads / ranks on this node, >= 1).
 int resolve_threads(int64_t threads, int local_size);
 
-// This process's matmul throughput in FLOP/s at the current thread count and dtype
-// (a 1024^3 GEMM timed a few times; the MFU denominator).
-double measure_peak_flops(bool bf16);
+// This process's matmul throughput in FLOP/s on `device` at the current thread count and dtype
+// (a square GEMM timed a few times, n = 1024 on the CPU, 8192 on a GPU; the MFU denominator).
+double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device(torch::kCPU));
 
 // Installs SIGTERM/SIGINT/SIGUSR1/SIGUSR2 handlers that request a checkpointed stop at the end
 // of the step (under mpirun use SIGUSR1: mpirun forwards it and kills on SIGTERM, see README).

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/bucket_plan.h"
+#include "mllm/distributed/bucket_plan.h"
 
 using mllm::BucketTensor;
 using mllm::plan_buckets;

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/communicator.h"
-#include "mllm/dist/mpi_runtime.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/distributed/mpi_runtime.h"
 
 using namespace mllm;
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mllm/core/error.h"
+#include "mllm/model/attention.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -184,6 +185,62 @@ TEST_P(FamilyTest, InitIsSeededAndDocumented) {
   EXPECT_NEAR(a_params["tok_emb.weight"].std().item<double>(), 0.02, 0.002);
   auto c2 = make_model(c, kVocab, 8, /*seed=*/12);
   EXPECT_FALSE(c2->named_parameters()["tok_emb.weight"].equal(a_params["tok_emb.weight"]));
+}
+
+// model.attn_impl: LibTorch's scaled_dot_product_attention agrees with the explicit reference
+// path on logits, loss and every gradient — without padding (the is_causal path, no mask
+// tensor), with right- and left-padded and all-pad rows (the additive -1e9 mask), through a KV
+// cache, and
+// under bf16 autocast. Same weights: both models come from the same seed.
+TEST_P(FamilyTest, SdpaAttentionMatchesEager) {
+  auto eager_cfg = tiny_config(GetParam());
+  eager_cfg.attn_impl = "eager";
+  auto sdpa_cfg = eager_cfg;
+  sdpa_cfg.attn_impl = "sdpa";
+  auto eager = make_model(eager_cfg);
+  auto sdpa = make_model(sdpa_cfg);
+  auto padded = random_tokens(4, 8, kVocab, 21);
+  padded[0].narrow(0, 5, 3).fill_(0);  // right-padded
+  padded[1].narrow(0, 0, 2).fill_(0);  // left-padded
+  padded[3].fill_(0);                  // all padding
+  for (const auto& tokens : {random_tokens(2, 8, kVocab, 20), padded}) {
+    auto targets = random_tokens(tokens.size(0), 8, kVocab, 22).masked_fill(tokens.eq(0), 0);
+    auto loss_e = lm_loss_sum(eager->forward(tokens), targets);
+    auto loss_s = lm_loss_sum(sdpa->forward(tokens), targets);
+    EXPECT_LE(max_abs_diff(eager->forward(tokens), sdpa->forward(tokens)), 1e-5);
+    EXPECT_NEAR(loss_e.item<double>(), loss_s.item<double>(), 1e-4);
+    eager->zero_grad();
+    sdpa->zero_grad();
+    loss_e.backward();
+    loss_s.backward();
+    auto pe = eager->named_parameters();
+    auto ps = sdpa->named_parameters();
+    for (const auto& kv : pe)
+      EXPECT_LE(max_abs_diff(kv.value().grad(), ps[kv.key()].grad()), 1e-5) << kv.key();
+  }
+  // Incremental decoding: the cached path builds a mask (queries offset from keys).
+  auto tokens = random_tokens(1, 6, kVocab, 23);
+  KVCache ce, cs;
+  EXPECT_LE(max_abs_diff(eager->forward_cached(tokens.narrow(1, 0, 4), ce),
+                         sdpa->forward_cached(tokens.narrow(1, 0, 4), cs)), 1e-5);
+  EXPECT_LE(max_abs_diff(eager->forward_cached(tokens.narrow(1, 4, 2), ce),
+                         sdpa->forward_cached(tokens.narrow(1, 4, 2), cs)), 1e-5);
+  // bf16 autocast: both round the same matmuls to bf16; they agree to bf16 precision.
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  auto le = eager->forward(padded);
+  auto ls = sdpa->forward(padded);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(ls.scalar_type(), torch::kFloat);
+  EXPECT_LE(max_abs_diff(le, ls), 0.1);
+}
+
+TEST(AttentionImpl, AutoIsSdpaOnCudaOnly) {
+  EXPECT_FALSE(uses_sdpa("auto", torch::Device(torch::kCPU)));
+  EXPECT_TRUE(uses_sdpa("auto", torch::Device(torch::kCUDA, 0)));
+  EXPECT_TRUE(uses_sdpa("sdpa", torch::Device(torch::kCPU)));
+  EXPECT_FALSE(uses_sdpa("eager", torch::Device(torch::kCUDA, 0)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("minillm", "llama"));

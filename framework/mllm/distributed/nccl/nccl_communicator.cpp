@@ -1,13 +1,14 @@
 // NCCL adapter: maps torch tensors and LibTorch's current CUDA stream onto NcclCore calls.
-#include "mllm/dist/nccl/nccl_communicator.h"
+#include "mllm/distributed/nccl/nccl_communicator.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
-#include "mllm/dist/mpi_runtime.h"
+#include "mllm/distributed/mpi_runtime.h"
 
 namespace mllm {
 namespace {
@@ -74,7 +75,13 @@ class NcclWork : public Work {
 
 NcclCommunicator::NcclCommunicator(double timeout_s)
     : mpi_(std::make_shared<MpiCommunicator>(timeout_s)), timeout_s_(timeout_s) {
-  const int device = mpi_->local_rank();
+  // The trainer's rule (train/device.h rank_device): ranks beyond the GPU count share GPUs.
+  const int gpus = static_cast<int>(c10::cuda::device_count());
+  if (gpus == 0)
+    throw CommError(fmt::format("nccl backend: rank {} sees no GPU (CUDA_VISIBLE_DEVICES?)",
+                                mpi_->rank()));
+  const int device = mpi_->local_rank() % gpus;
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
   // The bootstrap MPI_Bcast runs on the communication thread like every other MPI call.
   std::unique_ptr<nccl::NcclCore> core;
   detail::submit_mpi_task("NCCL communicator set-up", mpi_->rank(), timeout_s, [&] {

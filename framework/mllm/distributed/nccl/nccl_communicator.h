@@ -4,9 +4,9 @@
 
 #include <memory>
 
-#include "mllm/dist/communicator.h"
-#include "mllm/dist/mpi_communicator.h"
-#include "mllm/dist/nccl/nccl_core.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/distributed/mpi_communicator.h"
+#include "mllm/distributed/nccl/nccl_core.h"
 
 namespace mllm {
 

@@ -1,6 +1,6 @@
 // NCCL core: MPI-bootstrapped communicator, stream/event ordering and timeouts, on raw device
 // pointers. Uses only the CUDA runtime, NCCL and MPI (no LibTorch).
-#include "mllm/dist/nccl/nccl_core.h"
+#include "mllm/distributed/nccl/nccl_core.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

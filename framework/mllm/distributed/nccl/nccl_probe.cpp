@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "mllm/dist/nccl/nccl_core.h"
+#include "mllm/distributed/nccl/nccl_core.h"
 
 int main() {
   std::printf("%s\n", mllm::nccl::nccl_version_string().c_str());

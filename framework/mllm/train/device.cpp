@@ -1,0 +1,54 @@
+// train.device: CUDA availability, per-rank device choice, synchronisation for timings.
+#include "mllm/train/device.h"
+
+#include <cstdlib>
+
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+
+#include "mllm/core/error.h"
+
+namespace mllm {
+
+bool libtorch_has_cuda() { return at::detail::getCUDAHooks().isBuilt(); }
+
+int visible_gpus() { return libtorch_has_cuda() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+torch::DeviceType resolve_device_type(const std::string& setting, const std::string& source) {
+  if (setting == "cpu") return torch::kCPU;
+  if (setting != "cuda" && setting != "auto")
+    throw ConfigError(fmt::format("{}: train.device: expected auto, cpu or cuda, got '{}'", source,
+                                  setting));
+  const bool cuda = libtorch_has_cuda();
+  const int gpus = visible_gpus();
+  if (setting == "auto") return cuda && gpus > 0 ? torch::kCUDA : torch::kCPU;
+  if (!cuda)
+    throw ConfigError(fmt::format(
+        "{}: train.device=cuda, but this build's LibTorch has no CUDA (a CPU-only torch); build "
+        "against the CUDA torch wheel (launch/install-deps.sh), or set train.device=cpu or auto",
+        source));
+  if (gpus == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw ConfigError(fmt::format(
+        "{}: train.device=cuda, but no GPU is visible on this machine (LibTorch has CUDA; "
+        "CUDA_VISIBLE_DEVICES={}); check nvidia-smi, or set train.device=cpu or auto",
+        source, visible ? fmt::format("'{}'", visible) : std::string("unset")));
+  }
+  return torch::kCUDA;
+}
+
+torch::Device rank_device(torch::DeviceType type, int local_rank) {
+  if (type != torch::kCUDA) return torch::Device(type);
+  const int gpus = visible_gpus();
+  MLLM_CHECK(gpus > 0, "rank_device: no GPU visible");
+  torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+  c10::impl::getDeviceGuardImpl(torch::kCUDA)->setDevice(device);
+  return device;
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+}  // namespace mllm

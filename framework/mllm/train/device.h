@@ -1,0 +1,30 @@
+// Where a rank trains (train.device) and the LibTorch facts that decide it.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+namespace mllm {
+
+// True when the LibTorch this process runs on was built with CUDA (its CUDA library is loaded),
+// whether or not a GPU is visible.
+bool libtorch_has_cuda();
+
+// GPUs this process can use (0 without CUDA, without a driver, or with CUDA_VISIBLE_DEVICES="").
+int visible_gpus();
+
+// The device type train.device asks for: "cpu" -> kCPU; "cuda" -> kCUDA; "auto" -> kCUDA when
+// libtorch_has_cuda() and visible_gpus() > 0, else kCPU. `source` (the recipe file) prefixes
+// errors. Throws ConfigError (exit 2) for "cuda" when this LibTorch has no CUDA, or when it has
+// but no GPU is visible — saying which — and for any other value.
+torch::DeviceType resolve_device_type(const std::string& setting, const std::string& source);
+
+// The device of a rank on this node: cpu, or cuda:(local_rank % visible_gpus()) — ranks beyond
+// the GPU count share GPUs round robin. Makes that GPU the current CUDA device of this thread.
+torch::Device rank_device(torch::DeviceType type, int local_rank);
+
+// Waits until every kernel queued on `device` has finished (no-op on the CPU); for timings.
+void synchronize(const torch::Device& device);
+
+}  // namespace mllm
