@@ -38,7 +38,7 @@ extern "C" void on_stop_signal(int) { g_stop_signal.store(true); }
 // The value of `key` in at::show_config()'s "key=value, " settings or "  - key: value" lines;
 // "?" when absent.
 std::string torch_config_value(const std::string& config, const std::string& key) {
-  for (const std::string& sep : {std::string("=") , std::string(": ")}) {
+  for (const std::string& sep : {std::string("="), std::string(": ")}) {
     const auto at = config.find(key + sep);
     if (at == std::string::npos) continue;
     const auto begin = at + key.size() + sep.size();

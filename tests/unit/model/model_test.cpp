@@ -190,8 +190,7 @@ TEST_P(FamilyTest, InitIsSeededAndDocumented) {
 // model.attn_impl: LibTorch's scaled_dot_product_attention agrees with the explicit reference
 // path on logits, loss and every gradient — without padding (the is_causal path, no mask
 // tensor), with right- and left-padded and all-pad rows (the additive -1e9 mask), through a KV
-// cache, and
-// under bf16 autocast. Same weights: both models come from the same seed.
+// cache, and under bf16 autocast. Same weights: both models come from the same seed.
 TEST_P(FamilyTest, SdpaAttentionMatchesEager) {
   auto eager_cfg = tiny_config(GetParam());
   eager_cfg.attn_impl = "eager";
