@@ -3,6 +3,9 @@
 
     torch_reference.py val-loss CHECKPOINT [--world W] [--batches B] [--cache-dir DIR]
                                            [--device cpu|cuda] [--bf16]
+    torch_reference.py train-speed --type llama|minillm --vocab V --d-model D --n-heads H
+                                   [--n-kv-heads K] --n-layers L [--d-ff F] --seq-len T
+                                   --micro-batch B [--steps N] [--bf16] [--sdpa] [--device cuda]
 
 CHECKPOINT is a checkpoint folder, or a run / checkpoints folder (its `latest` is used).
 Loads the weights of that checkpoint (model.safetensors, parsed here by the
@@ -22,8 +25,10 @@ import argparse
 import json
 import math
 import os
+import statistics
 import struct
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +148,66 @@ def val_loss(args):
                       "ppl": math.exp(total / count)}))
 
 
+def train_speed(args):
+    """The PyTorch eager baseline of a training shape: AdamW (fused on CUDA), clipping at 1.0,
+    optional bf16 autocast, random tokens in [1, vocab). One JSON line: tokens/s (median step
+    after --warmup untimed steps), peak memory, parameters, model FLOPs per token, losses."""
+    dev = torch.device(args.device)
+    ref.LLAMA_SDPA = args.sdpa
+    torch.manual_seed(0)
+    if args.type == "llama":
+        hidden = args.d_ff or ref.llama_ffn_hidden(args.d_model, args.multiple_of)
+        model = ref.Llama(args.vocab, args.d_model, args.n_heads, args.n_kv_heads or args.n_heads,
+                          args.n_layers, hidden, args.seq_len, 10000.0, 1e-5, args.tie)
+        model.freqs_cis = model.freqs_cis.to(dev)
+        tables = args.vocab * args.d_model
+    else:
+        model = ref.MiniLLM(args.vocab, args.d_model, args.n_heads, args.n_layers,
+                            args.d_ff or 4 * args.d_model, args.seq_len, dropout=0.0)
+        tables = (args.vocab + args.seq_len) * args.d_model
+    with torch.no_grad():  # GPT-2 / mllm init: N(0, 0.02) matrices and tables, zero biases
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+    model.to(dev).train()
+    params = sum(p.numel() for p in model.parameters())
+    # mllm's convention (model.h flops_per_token): 6 x non-embedding parameters + attention.
+    flops = 6 * (params - tables) + 12 * args.n_layers * args.d_model * args.seq_len
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                            fused=dev.type == "cuda")
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        ids = torch.randint(1, args.vocab, (args.micro_batch, args.seq_len + 1), generator=gen).to(dev)
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(dev.type, torch.bfloat16, enabled=args.bf16):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, args.vocab), ids[:, 1:].reshape(-1),
+                               ignore_index=PAD)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())  # synchronises
+        sync()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tps = args.micro_batch * args.seq_len / step_s
+    print(json.dumps({
+        "tokens_per_s": tps, "step_ms_median": step_s * 1e3, "params": params,
+        "flops_per_token": flops, "achieved_tflops": flops * tps / 1e12,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "loss_first": losses[0], "loss_last": losses[-1], "bf16": args.bf16, "sdpa": args.sdpa,
+        "device": str(dev), "torch": torch.__version__}))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -153,9 +218,21 @@ def main():
     v.add_argument("--cache-dir", default="", help="data.cache_dir (default: the recipe's)")
     v.add_argument("--device", default="cpu")
     v.add_argument("--bf16", action="store_true", help="bf16 autocast, as train.precision=bf16")
+    t = sub.add_parser("train-speed", help="tokens/s of the PyTorch eager baseline of a shape")
+    t.add_argument("--type", choices=["llama", "minillm"], default="llama")
+    for name, default in [("vocab", 0), ("d-model", 0), ("n-heads", 0), ("n-kv-heads", 0),
+                          ("n-layers", 0), ("d-ff", 0), ("multiple-of", 32), ("seq-len", 0),
+                          ("micro-batch", 0), ("steps", 20), ("warmup", 3)]:
+        t.add_argument("--" + name, type=int, default=default, required=default == 0 and name not in
+                       ("n-kv-heads", "d-ff"))
+    t.add_argument("--tie", action="store_true", help="llama: head tied to the token embedding")
+    t.add_argument("--bf16", action="store_true")
+    t.add_argument("--sdpa", action="store_true", help="llama attention through F.scaled_dot_product_attention")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
     args = p.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    val_loss(args)
+    torch.set_num_threads(getattr(args, "threads", 0) or max(1, os.cpu_count() or 1))
+    (val_loss if args.cmd == "val-loss" else train_speed)(args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = "/work/shared/peer/ddp_ref.py"
 PAD = 0
+LLAMA_SDPA = False  # goldens: explicit attention; bench/torch_reference.py may switch it on
 
 
 # ---- MiniLLM: verbatim copy of shared/peer/ddp_ref.py -----------------------------------
@@ -166,10 +167,13 @@ class LlamaAttention(nn.Module):
         k = k[:, :, :, None, :].expand(b, t, self.kv, rep, self.hd).reshape(b, t, self.h, self.hd)
         v = v[:, :, :, None, :].expand(b, t, self.kv, rep, self.hd).reshape(b, t, self.h, self.hd)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.hd)
-        attn = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, self.h * self.hd)
-        return self.o_proj(out)
+        if LLAMA_SDPA:  # bench/torch_reference.py's speed runs: the fused kernel (no padding there)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.hd)
+            attn = torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
+            out = torch.matmul(attn, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.h * self.hd))
 
 
 class SwiGLU(nn.Module):
@@ -212,7 +216,7 @@ class Llama(nn.Module):
     def forward(self, ids):
         b, t = ids.shape
         x = self.tok_emb(ids)
-        causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=ids.device))
         mask = causal.view(1, 1, t, t) & (ids != PAD).view(b, 1, 1, t)
         for layer in self.layers:
             x = layer(x, mask, self.freqs_cis[:t])
