@@ -13,8 +13,9 @@ namespace mllm {
 class NcclCommunicator : public Communicator {
  public:
   // Collective: builds an MpiCommunicator (bootstrap, host values), binds this rank to CUDA
-  // device local_rank, and creates the NCCL communicator. Throws CommError on failure (e.g.
-  // more ranks on a node than GPUs).
+  // device local_rank % visible GPUs (train/device.h's rule), and creates the NCCL communicator.
+  // Throws CommError on failure (no GPU visible; NCCL refuses two ranks on one GPU, which
+  // make_communicator() rules out beforehand).
   explicit NcclCommunicator(double timeout_s);
   ~NcclCommunicator() override;
 
