@@ -113,11 +113,6 @@ void validate(const Recipe& r, const ComposedYaml& c) {
     fail("model.max_seq_len",
          fmt::format("model.max_seq_len={} is shorter than data.seq_len={}; raise it or set 0 "
                      "(= data.seq_len)", m.max_seq_len, r.data.seq_len));
-  if (r.schedule.warmup_steps >= r.train.max_steps)
-    fail("schedule.warmup_steps",
-         fmt::format("schedule.warmup_steps={} must be < train.max_steps={}; lower warmup_steps "
-                     "(e.g. {}) or raise max_steps", r.schedule.warmup_steps, r.train.max_steps,
-                     r.train.max_steps / 10));
   if (r.schedule.min_lr > r.optim.lr)
     fail("schedule.min_lr", fmt::format("schedule.min_lr={} must be <= optim.lr={}",
                                         r.schedule.min_lr, r.optim.lr));

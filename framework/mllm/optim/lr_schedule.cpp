@@ -22,8 +22,8 @@ WarmupCosineSchedule::WarmupCosineSchedule(double peak_lr, double min_lr, int64_
     : peak_lr_(peak_lr), min_lr_(min_lr), warmup_steps_(warmup_steps), max_steps_(max_steps) {}
 
 double WarmupCosineSchedule::lr(int64_t step) const {
+  if (step >= max_steps_) return min_lr_;  // first: also when warmup_steps >= max_steps
   if (step < warmup_steps_) return warmup(peak_lr_, step, warmup_steps_);
-  if (step >= max_steps_) return min_lr_;
   const double progress = decay_progress(step, warmup_steps_, max_steps_);
   return min_lr_ + 0.5 * (peak_lr_ - min_lr_) * (1.0 + std::cos(M_PI * progress));
 }
@@ -40,8 +40,8 @@ LinearSchedule::LinearSchedule(double peak_lr, double min_lr, int64_t warmup_ste
     : peak_lr_(peak_lr), min_lr_(min_lr), warmup_steps_(warmup_steps), max_steps_(max_steps) {}
 
 double LinearSchedule::lr(int64_t step) const {
+  if (step >= max_steps_) return min_lr_;  // first: also when warmup_steps >= max_steps
   if (step < warmup_steps_) return warmup(peak_lr_, step, warmup_steps_);
-  if (step >= max_steps_) return min_lr_;
   return peak_lr_ + (min_lr_ - peak_lr_) * decay_progress(step, warmup_steps_, max_steps_);
 }
 

@@ -29,10 +29,12 @@ LrScheduleRegistry& lr_schedule_registry();
 void register_builtin_lr_schedules();
 
 // warmup_cosine (nanoGPT / llm.c convention):
+//   step >= T:           min_lr
 //   step < W:            lr * (step + 1) / W                    (linear warmup, reaches lr at W-1)
-//   W <= step <= T:      min_lr + 0.5 (lr - min_lr) (1 + cos(pi (step - W) / (T - W)))
-//   step > T:            min_lr
-// with W = warmup_steps, T = max_steps; so lr(T) == min_lr exactly. Loshchilov & Hutter 2017 (SGDR).
+//   W <= step < T:       min_lr + 0.5 (lr - min_lr) (1 + cos(pi (step - W) / (T - W)))
+// with W = warmup_steps, T = max_steps. Endpoints: lr(0) = lr / W (lr when W = 0), lr(T) = min_lr
+// exactly. W >= T is allowed: the lr then ramps for the whole run, reaching lr * T / W at the
+// last step T-1 (lr when W = T). Loshchilov & Hutter 2017 (SGDR).
 class WarmupCosineSchedule : public LrSchedule {
  public:
   WarmupCosineSchedule(double peak_lr, double min_lr, int64_t warmup_steps, int64_t max_steps);
@@ -43,7 +45,7 @@ class WarmupCosineSchedule : public LrSchedule {
   int64_t warmup_steps_, max_steps_;
 };
 
-// constant: warmup as above, then lr forever.
+// constant: warmup as above (any W >= 0), then lr forever; lr(0) = lr / W (lr when W = 0).
 class ConstantSchedule : public LrSchedule {
  public:
   ConstantSchedule(double peak_lr, int64_t warmup_steps);
@@ -54,7 +56,8 @@ class ConstantSchedule : public LrSchedule {
   int64_t warmup_steps_;
 };
 
-// linear: warmup as above, then a straight line from lr at W to min_lr at T.
+// linear: warmup as above, then a straight line from lr at W to min_lr at T; lr(T) = min_lr
+// exactly, and W >= T ramps for the whole run as in warmup_cosine.
 class LinearSchedule : public LrSchedule {
  public:
   LinearSchedule(double peak_lr, double min_lr, int64_t warmup_steps, int64_t max_steps);

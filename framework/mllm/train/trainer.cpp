@@ -325,6 +325,10 @@ void Trainer::build() {
   optimizer_ = optimizer_registry().create(r.optim.type, r.optim, params);
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
                                             r.train.max_steps);
+  if (r.schedule.warmup_steps >= r.train.max_steps && r.schedule.warmup_steps > 0)
+    spdlog::warn("schedule.warmup_steps={} >= train.max_steps={}: the lr ramps for the whole run "
+                 "and reaches {:.3g} (of optim.lr={:.3g}) at the last step", r.schedule.warmup_steps,
+                 r.train.max_steps, schedule_->lr(r.train.max_steps - 1), r.optim.lr);
   sampler_ = std::make_unique<DistributedSampler>(train_data_->size(), r.train.global_batch,
                                                   r.train.micro_batch, rank, world,
                                                   static_cast<uint64_t>(r.run.seed));

@@ -110,9 +110,10 @@ TEST(Recipe, RangesAndCrossFieldRules) {
   EXPECT_NE(msg.find("optim.lr: must be > 0"), std::string::npos) << msg;
   msg = error_of(std::string(kBase) + "model: {d_model: 130, n_heads: 4}\n");
   EXPECT_NE(msg.find("not divisible by model.n_heads=4"), std::string::npos) << msg;
-  msg = error_of(std::string(kBase) + "train: {max_steps: 50}\nschedule: {warmup_steps: 50}\n");
-  EXPECT_NE(msg.find("schedule.warmup_steps=50 must be < train.max_steps=50"), std::string::npos)
-      << msg;
+  // Warmup as long as the run, or longer, is allowed (the trainer warns): short runs of stock
+  // recipes (recipes/mini.yaml train.max_steps=40, warmup 100) must work.
+  EXPECT_NO_THROW(load_recipe_string(std::string(kBase) + "train: {max_steps: 50}\nschedule: {warmup_steps: 50}\n"));
+  EXPECT_NO_THROW(load_recipe_string(std::string(kBase) + "train: {max_steps: 40}\nschedule: {warmup_steps: 100}\n"));
   msg = error_of(std::string(kBase) + "train: {global_batch: 60, micro_batch: 8}\n");
   EXPECT_NE(msg.find("not divisible by train.micro_batch=8"), std::string::npos) << msg;
   msg = error_of(std::string(kBase) + "data: {mode: stream}\n");
