@@ -4,7 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "mllm/core/error.h"
 
@@ -73,9 +76,35 @@ void merge_into(YAML::Node base, const YAML::Node& top, ComposedYaml& out, const
   }
 }
 
+// Throws ConfigError naming the key path and both lines when a mapping in `n` holds a key twice
+// (`lr` twice under `optim:`, two `optim:` sections, `{a: 1, a: 2}`). YAML 1.2 requires keys to
+// be unique; yaml-cpp keeps both and a lookup would silently see only one of them.
+void check_unique_keys(const YAML::Node& n, const std::string& name, const std::string& path) {
+  if (n.IsSequence()) {
+    for (std::size_t i = 0; i < n.size(); ++i)
+      check_unique_keys(n[i], name, path + "[" + std::to_string(i) + "]");
+    return;
+  }
+  if (!n.IsMap()) return;
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& kv : n) {
+    if (!kv.first.IsScalar()) continue;
+    const std::string key = kv.first.Scalar();
+    const std::string sub = path.empty() ? key : path + "." + key;
+    const auto [it, fresh] = seen.emplace(key, kv.first.Mark());
+    if (!fresh)
+      throw ConfigError(fmt::format("{}:{}:{}: {}: duplicate key (first given on line {}); a key "
+                                    "may appear once per mapping: remove or merge one of them",
+                                    name, kv.first.Mark().line + 1, kv.first.Mark().column + 1,
+                                    sub, it->second.line + 1));
+    check_unique_keys(kv.second, name, sub);
+  }
+}
+
 YAML::Node parse_text(const std::string& text, const std::string& name) {
   try {
     YAML::Node n = YAML::Load(text);
+    check_unique_keys(n, name, "");
     if (n.IsNull()) return YAML::Node(YAML::NodeType::Map);
     if (!n.IsMap())
       throw ConfigError(name + ": a recipe must be a YAML mapping of sections (run:, data:, "
