@@ -317,7 +317,7 @@ KeySpec recipe_schema(Recipe& r) {
               "LibTorch has CUDA and a GPU is visible)", {"auto", "cpu", "cuda"}),
           key("precision", t.precision, "fp32, or bf16 autocast with fp32 master weights", {"fp32", "bf16"}),
           key("tf32", t.tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions"),
-          threads_key(t.threads, "intra-op threads per rank (auto = cores / ranks on this node)"),
+          threads_key(t.threads, "intra-op threads per rank (auto = OMP_NUM_THREADS if set, else usable CPUs / ranks on this node)"),
           key("stop_at_step", t.stop_at_step, "end this invocation after this step, checkpointed", at_least(1)),
           key("time_limit_s", t.time_limit_s, "end this invocation after this many seconds, checkpointed",
               positive()),

@@ -1,7 +1,12 @@
 // train.device: CUDA availability, per-rank device choice, synchronisation for timings.
 #include "mllm/train/device.h"
 
+#include <sched.h>
+
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <thread>
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -49,6 +54,32 @@ torch::Device rank_device(torch::DeviceType type, int local_rank) {
 
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+int cgroup_cpu_limit(const std::string& cgroup_root) {
+  auto limit = [](double quota, double period) {
+    return quota > 0 && period > 0 ? static_cast<int>(std::ceil(quota / period)) : 0;
+  };
+  {
+    std::ifstream v2(cgroup_root + "/cpu.max");
+    std::string quota;
+    double period = 0;
+    if (v2 >> quota >> period) return quota == "max" ? 0 : limit(std::atof(quota.c_str()), period);
+  }
+  std::ifstream q(cgroup_root + "/cpu/cpu.cfs_quota_us"), p(cgroup_root + "/cpu/cpu.cfs_period_us");
+  double quota = 0, period = 0;
+  if (q >> quota && p >> period) return limit(quota, period);
+  return 0;
+}
+
+int usable_cpus() {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  const int quota = cgroup_cpu_limit("/sys/fs/cgroup");
+  if (quota > 0) cpus = std::min(cpus, quota);
+  return std::max(1, cpus);
 }
 
 }  // namespace mllm

@@ -27,4 +27,13 @@ torch::Device rank_device(torch::DeviceType type, int local_rank);
 // Waits until every kernel queued on `device` has finished (no-op on the CPU); for timings.
 void synchronize(const torch::Device& device);
 
+// CPUs this process may use: the CPUs of its affinity mask (taskset, mpirun --bind-to), capped
+// by the cgroup CPU quota (containers, Slurm) rounded up; at least 1.
+int usable_cpus();
+
+// The cgroup CPU limit under `cgroup_root` (normally /sys/fs/cgroup), rounded up to whole CPUs:
+// cgroup v2 `cpu.max` ("QUOTA PERIOD" or "max PERIOD"), else v1 `cpu/cpu.cfs_quota_us` and
+// `cpu/cpu.cfs_period_us` (quota -1 = none). 0 when there is no limit or no such file.
+int cgroup_cpu_limit(const std::string& cgroup_root);
+
 }  // namespace mllm

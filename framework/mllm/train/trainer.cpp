@@ -180,10 +180,24 @@ void install_stop_signal_handlers() {
 
 bool stop_signal_received() { return g_stop_signal.load(); }
 
-int resolve_threads(int64_t threads, int local_size) {
+int resolve_threads(int64_t threads, int local_size, int usable, const char* omp_num_threads) {
   if (threads > 0) return static_cast<int>(threads);
-  int hw = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, hw / std::max(1, local_size));
+  if (omp_num_threads != nullptr) {
+    char* end = nullptr;
+    const long n = std::strtol(omp_num_threads, &end, 10);
+    if (end != omp_num_threads && *end == '\0' && n > 0) return static_cast<int>(n);
+  }
+  return std::max(1, usable / std::max(1, local_size));
+}
+
+int resolve_threads(int64_t threads, int local_size) {
+  const int usable = usable_cpus();
+  const int n = resolve_threads(threads, local_size, usable, std::getenv("OMP_NUM_THREADS"));
+  if (threads > 0 && static_cast<int64_t>(n) * local_size > usable)
+    spdlog::warn("train.threads={} x {} rank(s) on this node = {} threads on {} usable CPU(s) "
+                 "(affinity and cgroup quota): oversubscribed, which is slower; use "
+                 "train.threads=auto", n, local_size, n * local_size, usable);
+  return n;
 }
 
 double measure_peak_flops(bool bf16, const torch::Device& device) {
@@ -287,7 +301,7 @@ void Trainer::build() {
     if (rank == 0) {
       spdlog::info("preparing data into {} (tokenizer + shards)", r.data.cache_dir);
       // All cores: the other ranks of this node only wait meanwhile.
-      prepare_data(r.data, resolve_threads(0, 1), isatty(STDERR_FILENO));
+      prepare_data(r.data, usable_cpus(), isatty(STDERR_FILENO));
     } else {
       // Why poll instead of a barrier: preparing a large corpus (BPE training) can outlast
       // dist.timeout_s, which bounds every collective. The manifest is written last.

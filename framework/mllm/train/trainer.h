@@ -105,8 +105,14 @@ class Trainer {
   std::optional<StopReason> stop_reason_;  // set by train_step when any rank votes to stop
 };
 
-// Threads per rank for train.threads (0 = auto: hardware threads / ranks on this node, >= 1).
+// Threads per rank for train.threads: an explicit value (> 0) as given, with a warning when the
+// ranks of this node then run more threads than usable_cpus() (train/device.h); 0 = auto:
+// OMP_NUM_THREADS when set to a positive integer (launch/mpirun.sh sets it), else
+// usable_cpus() / ranks on this node, at least 1.
 int resolve_threads(int64_t threads, int local_size);
+// The same rule with its inputs given (no warning): `usable` CPUs, `omp_num_threads` the
+// environment value or nullptr.
+int resolve_threads(int64_t threads, int local_size, int usable, const char* omp_num_threads);
 
 // This process's matmul throughput in FLOP/s on `device` at the current thread count and dtype
 // (a square GEMM timed a few times, n = 1024 on the CPU, 8192 on a GPU; the MFU denominator).
