@@ -307,9 +307,10 @@ void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& op
   }
 }
 
-bool load_rng_state(const std::string& folder, int rank, const torch::Device& device) {
-  const fs::path p = fs::path(folder) / rng_file(rank);
-  if (!fs::exists(p)) return false;
+namespace {
+
+// Sets `gen`'s state from the tensor saved at `p`; CheckpointError naming the file on failure.
+void restore_generator(at::Generator gen, const fs::path& p) {
   torch::Tensor state;
   try {
     torch::load(state, p.string());
@@ -317,26 +318,21 @@ bool load_rng_state(const std::string& folder, int rank, const torch::Device& de
     throw CheckpointError("cannot load RNG state from " + p.string() + ": " +
                           e.what_without_backtrace());
   }
-  auto gen = at::detail::getDefaultCPUGenerator();
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+bool load_rng_state(const std::string& folder, int rank, const torch::Device& device) {
+  const fs::path p = fs::path(folder) / rng_file(rank);
+  if (!fs::exists(p)) return false;
+  restore_generator(at::detail::getDefaultCPUGenerator(), p);
   // The GPU generator's state when the checkpoint has one and we train on a GPU (a CPU
   // checkpoint resumed on a GPU, or the other way round, re-seeds dropout on the GPU).
   const fs::path pc = fs::path(folder) / rng_file_cuda(rank);
-  if (device.is_cuda() && fs::exists(pc)) {
-    torch::Tensor cuda_state;
-    try {
-      torch::load(cuda_state, pc.string());
-    } catch (const c10::Error& e) {
-      throw CheckpointError("cannot load RNG state from " + pc.string() + ": " +
-                            e.what_without_backtrace());
-    }
-    auto cuda_gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(cuda_gen.mutex());
-    cuda_gen.set_state(cuda_state);
-  }
+  if (device.is_cuda() && fs::exists(pc))
+    restore_generator(at::globalContext().defaultGenerator(device), pc);
   return true;
 }
 
