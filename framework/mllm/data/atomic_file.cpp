@@ -41,7 +41,7 @@ void AtomicFile::flush_buffer() {
     const ssize_t n = ::write(fd_, buffer_.data() + off, buffer_.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw Error("cannot write '" + temp_path_ + "': " + errno_text());
+      throw Error("cannot write " + path_ + ": " + errno_text() + " (temporary " + temp_path_ + ")");
     }
     off += static_cast<size_t>(n);
   }
@@ -68,7 +68,7 @@ void AtomicFile::overwrite(size_t offset, const void* data, size_t n) {
     const ssize_t w = ::pwrite(fd_, p, n, off_t(offset));
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error("cannot write '" + temp_path_ + "': " + errno_text());
+      throw Error("cannot write " + path_ + ": " + errno_text() + " (temporary " + temp_path_ + ")");
     }
     p += w;
     offset += size_t(w);
@@ -79,7 +79,8 @@ void AtomicFile::overwrite(size_t offset, const void* data, size_t n) {
 void AtomicFile::commit() {
   MLLM_CHECK(!committed_, "AtomicFile committed twice: " + path_);
   flush_buffer();
-  if (::fsync(fd_) != 0) throw Error("cannot fsync '" + temp_path_ + "': " + errno_text());
+  if (::fsync(fd_) != 0)
+    throw Error("cannot write " + path_ + ": " + errno_text() + " (fsync of " + temp_path_ + ")");
   ::close(fd_);
   fd_ = -1;
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
@@ -92,6 +93,56 @@ void AtomicFile::commit() {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+CheckedFile::CheckedFile(std::string path, bool append) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0) throw Error("cannot write " + path_ + ": " + errno_text());
+}
+
+CheckedFile::~CheckedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int CheckedFile::write_some(const void* data, size_t n) {
+  if (fd_ < 0) return EBADF;
+  if (injected_errno_ != 0) return injected_errno_;
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
+
+void CheckedFile::write(const void* data, size_t n) {
+  if (const int err = write_some(data, n))
+    throw Error("cannot write " + path_ + ": " + std::strerror(err));
+}
+
+size_t CheckedFile::write_deferred(const void* data, size_t n) noexcept {
+  if (deferred_errno_ == 0) deferred_errno_ = write_some(data, n);
+  return n;
+}
+
+void CheckedFile::close() {
+  if (fd_ < 0) return;
+  int err = deferred_errno_;
+  if (err == 0 && ::fsync(fd_) != 0) err = errno;
+  if (::close(fd_) != 0 && err == 0) err = errno;
+  fd_ = -1;
+  if (err != 0) throw Error("cannot write " + path_ + ": " + std::strerror(err));
+}
+
+void write_file_checked(const std::string& path, std::string_view bytes) {
+  CheckedFile f(path);
+  f.write(bytes);
+  f.close();
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {

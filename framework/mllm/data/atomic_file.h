@@ -39,6 +39,45 @@ class AtomicFile {
   std::vector<char> buffer_;
 };
 
+// A file written in place (checkpoint members inside a temporary folder, metrics.jsonl lines,
+// samples.txt) where every failure is named: "cannot write <path>: <strerror>" (for example
+// "No space left on device"), thrown as mllm::Error (exit 1). Unbuffered: each write() reaches
+// the kernel, so a full disk is reported by the write that hits it.
+class CheckedFile {
+ public:
+  // Opens `path` for writing: truncated, or appended to with `append`. Throws mllm::Error.
+  explicit CheckedFile(std::string path, bool append = false);
+  // Closes without checking (use close() to learn about failures). Never throws.
+  ~CheckedFile();
+  CheckedFile(const CheckedFile&) = delete;
+  CheckedFile& operator=(const CheckedFile&) = delete;
+
+  // Writes all n bytes. Throws mllm::Error naming the file on failure.
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  // For writers that must not see an exception (LibTorch's archive writer, whose destructor
+  // turns a short write into std::terminate): remembers the first failure, returns n, and
+  // drops later bytes; close() throws the remembered failure.
+  size_t write_deferred(const void* data, size_t n) noexcept;
+  // Fault injection (MLLM_FAULT enospc): from now on writes fail with `err`.
+  void inject_error(int err) { injected_errno_ = err; }
+  // fsync + close. Throws mllm::Error naming the file for a remembered write failure or a
+  // failed fsync/close. Idempotent.
+  void close();
+  const std::string& path() const { return path_; }
+
+ private:
+  int write_some(const void* data, size_t n);  // 0 or an errno value
+
+  std::string path_;
+  int fd_ = -1;
+  int deferred_errno_ = 0;
+  int injected_errno_ = 0;
+};
+
+// Writes `bytes` to `path` in place through CheckedFile (write, fsync, close).
+void write_file_checked(const std::string& path, std::string_view bytes);
+
 // Writes `bytes` to `path` atomically (AtomicFile in one call).
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
