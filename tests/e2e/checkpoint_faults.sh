@@ -4,7 +4,7 @@
 source "$(dirname "$0")/common.sh"
 OUT="$WORK/run"
 set +e
-MLLM_FAULT_KILL_AT_CHECKPOINT_STEP=10 train 1 "$OUT" > "$WORK/log" 2>&1
+MLLM_FAULT=kill:step=10 train 1 "$OUT" > "$WORK/log" 2>&1
 code=$?
 set -e
 [ "$code" -ne 0 ] || fail "the fault injection did not kill the run"

@@ -6,6 +6,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +20,8 @@
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/fault.h"
+#include "mllm/data/atomic_file.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -27,21 +32,47 @@ namespace {
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
-// fsync a file or folder so a crash after rename cannot leave a renamed-but-empty file.
-void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("cannot open " + p.string() + " to fsync it");
+// fsync a folder so that a rename inside it survives a crash.
+void fsync_dir(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw Error("cannot open " + p.string() + " to fsync it: " + std::strerror(errno));
   int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
-  if (rc != 0) throw Error("fsync failed for " + p.string() + " (disk full or I/O error?)");
+  if (rc != 0) throw Error("cannot write " + p.string() + ": " + std::strerror(err));
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw Error("cannot write " + p.string() + " (disk full or read-only?)");
-  fsync_path(p);
+// ENOSPC when MLLM_FAULT has enospc:step=`step`:file=<p's name>, else 0.
+int injected_errno(int64_t step, const fs::path& p) {
+  auto f = injected_fault("enospc", -1, step);
+  return f && f->file == p.filename().string() ? ENOSPC : 0;
+}
+
+// Writes `text` to `p` (write, fsync, close), every failure named.
+void write_text(const fs::path& p, const std::string& text, int inject_errno = 0) {
+  CheckedFile f(p.string());
+  if (inject_errno) f.inject_error(inject_errno);
+  f.write(text);
+  f.close();
+}
+
+// Runs `save(writer)` — a LibTorch archive or torch::save writing through `writer` — into `p`.
+// Why a writer function rather than a path: LibTorch's file writer reports a short write (a
+// full disk) from its destructor, which ends the process in std::terminate; CheckedFile
+// remembers the failure and close() throws it as a named error instead.
+template <typename Save>
+void save_torch(const fs::path& p, int inject_errno, Save&& save) {
+  CheckedFile f(p.string());
+  if (inject_errno) f.inject_error(inject_errno);
+  std::function<size_t(const void*, size_t)> writer = [&f](const void* data, size_t n) {
+    return f.write_deferred(data, n);
+  };
+  try {
+    save(writer);
+  } catch (const c10::Error& e) {
+    throw Error("cannot write " + p.string() + ": " + e.what_without_backtrace());
+  }
+  f.close();
 }
 
 std::string read_text(const fs::path& p) {
@@ -96,7 +127,7 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
-void write_manifest(const fs::path& dir) {
+void write_manifest(const fs::path& dir, int inject_errno) {
   json files = json::object();
   for (const auto& e : fs::directory_iterator(dir)) {
     if (!e.is_regular_file() || e.path().filename() == kManifest) continue;
@@ -104,14 +135,7 @@ void write_manifest(const fs::path& dir) {
                                            {"crc32", file_crc32(e.path())}};
   }
   json m = {{"format", "mllm-checkpoint"}, {"version", 1}, {"files", files}};
-  write_text(dir / kManifest, m.dump(2) + "\n");
-}
-
-void save_module(torch::nn::Module& model, const fs::path& p) {
-  torch::serialize::OutputArchive archive;
-  model.save(archive);
-  archive.save_to(p.string());
-  fsync_path(p);
+  write_text(dir / kManifest, m.dump(2) + "\n", inject_errno);
 }
 
 }  // namespace
@@ -125,34 +149,57 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
   const fs::path dir(checkpoints_dir);
   const fs::path final_dir = dir / checkpoint_name(state.step);
   const fs::path tmp_dir = dir / (".tmp_" + checkpoint_name(state.step));
-  if (comm.rank() == 0) {
+  const int64_t step = state.step;
+  // A failed write (full disk, I/O error) leaves no half-written folder behind: rank 0 removes
+  // the temporary folder and rethrows; `latest` and every earlier checkpoint are untouched.
+  // (A failure on another rank aborts the job; the next start removes the leftover.)
+  auto on_rank0 = [&](const std::function<void()>& body) {
+    if (comm.rank() != 0) return;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+      if (dynamic_cast<const Error*>(&e)) throw;
+      throw Error(fmt::format("cannot save checkpoint {}: {}", final_dir.string(), e.what()));
+    }
+  };
+  on_rank0([&] {
     fs::create_directories(dir);
     fs::remove_all(tmp_dir);  // left over by a process killed mid-save
     fs::create_directories(tmp_dir);
-  }
+  });
   // Why: every rank writes its RNG file into tmp_dir, which rank 0 must have created first.
   comm.barrier();
   {
     const fs::path p = tmp_dir / rng_file(comm.rank());
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-    torch::save(rng, p.string());
-    fsync_path(p);
+    save_torch(p, injected_errno(step, p), [&](auto& w) { torch::save(rng, w); });
     // Dropout on a GPU draws from that GPU's generator: saved too, for exact GPU resumes.
     const torch::Device device = module_device(model);
     if (device.is_cuda()) {
       const fs::path pc = tmp_dir / rng_file_cuda(comm.rank());
-      torch::save(at::globalContext().defaultGenerator(device).get_state(), pc.string());
-      fsync_path(pc);
+      torch::Tensor cuda_rng = at::globalContext().defaultGenerator(device).get_state();
+      save_torch(pc, injected_errno(step, pc), [&](auto& w) { torch::save(cuda_rng, w); });
     }
   }
-  if (comm.rank() == 0) {
-    save_module(model, tmp_dir / "model.pt");
+  on_rank0([&] {
+    const fs::path pm = tmp_dir / "model.pt";
+    save_torch(pm, injected_errno(step, pm), [&](auto& w) {
+      torch::serialize::OutputArchive archive;
+      model.save(archive);
+      archive.save_to(w);
+    });
     // Fault injection for the crash-safety test: die mid-save, as a node failure would.
-    if (const char* k = std::getenv("MLLM_FAULT_KILL_AT_CHECKPOINT_STEP"))
-      if (std::to_string(state.step) == k) ::raise(SIGKILL);
-    torch::save(optimizer, (tmp_dir / "optimizer.pt").string());
-    fsync_path(tmp_dir / "optimizer.pt");
-    export_safetensors(model, (tmp_dir / "model.safetensors").string());
+    if (injected_fault("kill", -1, step)) ::raise(SIGKILL);
+    const fs::path po = tmp_dir / "optimizer.pt";
+    save_torch(po, injected_errno(step, po), [&](auto& w) {
+      torch::serialize::OutputArchive archive;
+      optimizer.save(archive);
+      archive.save_to(w);
+    });
+    const fs::path ps = tmp_dir / "model.safetensors";
+    export_safetensors(model, ps.string(), injected_errno(step, ps));
     json st = {{"step", state.step},
                {"tokens", state.tokens},
                {"sampler", {{"epoch", state.sampler.epoch},
@@ -160,37 +207,60 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
                {"world_size", state.world_size},
                {"elapsed_s", state.elapsed_s},
                {"lr", state.lr},
+               {"nonfinite_skips", state.nonfinite_skips},
                {"tokenizer_fingerprint", fmt::format("{:016x}", state.tokenizer_fingerprint)}};
-    write_text(tmp_dir / "state.json", st.dump(2) + "\n");
-    write_text(tmp_dir / "recipe.yaml", recipe_yaml);
+    write_text(tmp_dir / "state.json", st.dump(2) + "\n", injected_errno(step, tmp_dir / "state.json"));
+    write_text(tmp_dir / "recipe.yaml", recipe_yaml, injected_errno(step, tmp_dir / "recipe.yaml"));
     if (!tokenizer_path.empty()) {
       const fs::path tok = tmp_dir / ("tokenizer" + fs::path(tokenizer_path).extension().string());
-      fs::copy_file(tokenizer_path, tok, fs::copy_options::overwrite_existing);
-      fsync_path(tok);
+      write_text(tok, read_file_bytes(tokenizer_path), injected_errno(step, tok));
     }
-  }
+  });
   // Why: the manifest must list every rank's RNG file, so all writes finish first.
   comm.barrier();
-  if (comm.rank() == 0) {
-    write_manifest(tmp_dir);
-    fsync_path(tmp_dir);
+  on_rank0([&] {
+    write_manifest(tmp_dir, injected_errno(step, tmp_dir / kManifest));
+    fsync_dir(tmp_dir);
     fs::remove_all(final_dir);  // a stale folder of the same step from an abandoned run
     fs::rename(tmp_dir, final_dir);
-    fsync_path(dir);
-    // `latest` moves last, atomically: a crash before this line leaves the previous one.
+    fsync_dir(dir);
+  });
+  if (comm.rank() == 0) {
+    // `latest` moves last, atomically: a failure before the rename leaves the previous one.
     const fs::path latest_tmp = dir / ".latest.tmp";
-    write_text(latest_tmp, checkpoint_name(state.step) + "\n");
-    fs::rename(latest_tmp, dir / kLatest);
-    fsync_path(dir);
+    try {
+      write_text(latest_tmp, checkpoint_name(state.step) + "\n");
+      fs::rename(latest_tmp, dir / kLatest);
+      fsync_dir(dir);
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove(latest_tmp, ec);
+      throw Error(fmt::format("saved {} but could not point {} at it: {}", final_dir.string(),
+                              (dir / kLatest).string(), e.what()));
+    }
     // Folders past this step belong to an abandoned continuation (we resumed from an earlier
     // checkpoint); of the rest, the newest keep_last stay — this save always among them.
     int64_t kept = 0;
-    for (const auto& [step, path] : list_checkpoints(dir))
-      if (step > state.step || ++kept > keep_last) fs::remove_all(path);
+    for (const auto& [s, path] : list_checkpoints(dir))
+      if (s > state.step || ++kept > keep_last) fs::remove_all(path);
   }
   // Why: no rank may go on (and perhaps be killed) believing a save happened before it did.
   comm.barrier();
   return final_dir.string();
+}
+
+std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(checkpoints_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp_step_", 0) == 0 || name == ".latest.tmp") {
+      fs::remove_all(e.path(), ec);
+      removed.push_back(name);
+    }
+  }
+  return removed;
 }
 
 void verify_checkpoint(const std::string& folder) {
@@ -261,6 +331,7 @@ TrainState read_train_state(const std::string& folder) {
     s.world_size = st.at("world_size").get<int>();
     s.elapsed_s = st.at("elapsed_s").get<double>();
     s.lr = st.at("lr").get<double>();
+    s.nonfinite_skips = st.value("nonfinite_skips", int64_t{0});  // absent before 2026-12
     s.tokenizer_fingerprint = std::stoull(st.at("tokenizer_fingerprint").get<std::string>(),
                                           nullptr, 16);
     return s;
@@ -336,7 +407,7 @@ bool load_rng_state(const std::string& folder, int rank, const torch::Device& de
   return true;
 }
 
-void export_safetensors(torch::nn::Module& model, const std::string& path) {
+void export_safetensors(torch::nn::Module& model, const std::string& path, int inject_errno) {
   json header = json::object();
   std::vector<torch::Tensor> blobs;
   uint64_t offset = 0;
@@ -353,15 +424,13 @@ void export_safetensors(torch::nn::Module& model, const std::string& path) {
   header["__metadata__"] = {{"format", "pt"}, {"producer", "mllm"}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  CheckedFile out(path);
+  if (inject_errno) out.inject_error(inject_errno);
   const uint64_t n = text.size();  // little-endian on every platform we build for (x86-64, arm64)
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& t : blobs)
-    out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+  out.write(&n, 8);
+  out.write(text);
+  for (const auto& t : blobs) out.write(t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
   out.close();
-  if (!out) throw Error("cannot write " + path + " (disk full or read-only?)");
-  fsync_path(path);
 }
 
 }  // namespace mllm

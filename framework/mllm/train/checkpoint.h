@@ -34,6 +34,7 @@ struct TrainState {
   int world_size = 1;            // world size of the run that saved
   double elapsed_s = 0;          // training wall time so far, seconds (all invocations)
   double lr = 0;                 // lr of the last step taken (informational)
+  int64_t nonfinite_skips = 0;   // updates skipped so far (train.on_nonfinite=skip)
   uint64_t tokenizer_fingerprint = 0;
 };
 
@@ -44,12 +45,18 @@ std::string checkpoint_name(int64_t step);
 // own module/optimizer (identical across ranks) and writes its RNG state; rank 0 writes the rest.
 // Keeps the newest `keep_last` checkpoints up to this step and removes those past it (an
 // abandoned continuation). Returns the final folder path.
-// Throws mllm::Error (exit 1, not bad input) naming the file when writing fails, or whatever
-// torch::save / std::filesystem throw; callers abort the job.
+// Throws mllm::Error (exit 1, not bad input) naming the file when a write fails ("cannot write
+// <file>: No space left on device"); rank 0 then removes the temporary folder, and `latest`
+// and earlier checkpoints stay as they were. MLLM_FAULT kill/enospc (core/fault.h) inject
+// failures here for the tests.
 std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
                             const std::string& tokenizer_path, int64_t keep_last);
+
+// Removes what an interrupted save left in `checkpoints_dir` (.tmp_step_* folders, .latest.tmp)
+// and returns their names. Call only while holding the run-folder lock (train/run_lock.h).
+std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints_dir);
 
 // Checks the manifest: every listed file present, same size, same CRC-32.
 // Throws CheckpointError naming the folder and the first bad file (missing, truncated,
@@ -80,7 +87,8 @@ bool load_rng_state(const std::string& folder, int rank,
 
 // Writes `model`'s parameters as a .safetensors file (all F32 unless the tensors are BF16):
 // 8-byte little-endian header size, JSON header {name: {dtype, shape, data_offsets}}, raw data.
-// Format: https://github.com/huggingface/safetensors (README "Format").
-void export_safetensors(torch::nn::Module& model, const std::string& path);
+// Format: https://github.com/huggingface/safetensors (README "Format"). Throws mllm::Error
+// "cannot write <path>: ..." when writing fails; `inject_errno` (tests) makes every write fail.
+void export_safetensors(torch::nn::Module& model, const std::string& path, int inject_errno = 0);
 
 }  // namespace mllm
