@@ -3,6 +3,7 @@
 // Messages say what failed, where (file:line:col, key path, rank, step) and how to fix it.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -45,6 +46,12 @@ class CommError : public Error {
  public:
   using Error::Error;
 };
+
+// The training step in progress (1-based; 0 = none yet), for the messages of failures deep in
+// the stack that do not otherwise know it (a collective that times out on a helper thread).
+// Set by the Trainer at the start of each step; thread-safe.
+void set_current_step(int64_t step);
+int64_t current_step();
 
 namespace detail {
 [[noreturn]] void throw_check_failure(const char* expr, const char* file, int line,

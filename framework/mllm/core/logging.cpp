@@ -1,7 +1,10 @@
 // spdlog set-up: per-rank console policy and per-rank log files.
 #include "mllm/core/logging.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -12,6 +15,10 @@
 #include "mllm/core/error.h"
 
 namespace mllm {
+namespace {
+std::mutex g_log_error_mutex;
+std::string g_log_error;
+}  // namespace
 
 std::string resolve_log_level(const std::string& recipe_level) {
   const char* env = std::getenv("MLLM_LOG_LEVEL");
@@ -46,7 +53,28 @@ void init_logging(int rank, int world_size, const std::string& level, const std:
   logger->set_level(lvl);
   logger->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [{}/{}] [%^%l%$] %v", rank, world_size));
   logger->flush_on(spdlog::level::warn);
+  logger->set_error_handler([](const std::string& msg) {
+    {
+      std::lock_guard<std::mutex> lock(g_log_error_mutex);
+      if (!g_log_error.empty()) return;
+      std::string m = msg;
+      // spdlog: "Failed writing to file X: <strerror>" / "Failed flush to file X: <strerror>".
+      for (const char* prefix : {"Failed writing to file ", "Failed flush to file "})
+        if (m.rfind(prefix, 0) == 0) m = "cannot write " + m.substr(std::strlen(prefix));
+      g_log_error = m;
+    }
+    std::fprintf(stderr, "mllm: log file: %s\n", msg.c_str());
+  });
+  {
+    std::lock_guard<std::mutex> lock(g_log_error_mutex);
+    g_log_error.clear();
+  }
   spdlog::set_default_logger(logger);
+}
+
+std::string log_write_error() {
+  std::lock_guard<std::mutex> lock(g_log_error_mutex);
+  return g_log_error;
 }
 
 void flush_logs() {

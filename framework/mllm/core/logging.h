@@ -20,4 +20,10 @@ void init_logging(int rank, int world_size, const std::string& level,
 // Flushes every sink (before MPI_Abort / exit).
 void flush_logs();
 
+// The first failed write to a log file since init_logging (for example "cannot write
+// runs/x/logs/rank_00.log: No space left on device"), or "" when none failed. spdlog reports
+// sink failures to an error handler, not to the caller; the trainer checks this every step and
+// stops with it, so a full disk cannot silently swallow the logs.
+std::string log_write_error();
+
 }  // namespace mllm

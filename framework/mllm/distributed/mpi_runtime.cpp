@@ -166,10 +166,11 @@ void AsyncWork::wait() {
   if (timeout_s_ > 0) {
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), ready)) {
       lock.unlock();
+      const int64_t step = current_step();
       std::string msg = fmt::format(
-          "rank {}: {} did not finish within dist.timeout_s = {} s; another rank is probably "
+          "rank {}: {}{} did not finish within dist.timeout_s = {} s; another rank is probably "
           "stuck or dead (see its log). Aborting the job.",
-          rank_, what_, timeout_s_);
+          rank_, step > 0 ? fmt::format("step {}: ", step) : std::string(), what_, timeout_s_);
       spdlog::error(msg);
       flush_logs();
       abort_job(1);
