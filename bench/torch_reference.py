@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference for mllm checkpoints, independent of mllm's C++ code.
 
-    torch_reference.py val-loss CHECKPOINT [--world W] [--batches B] [--cache-dir DIR]
+    torch_reference.py val-loss CHECKPOINT [--batches B] [--cache-dir DIR]
                                            [--device cpu|cuda] [--bf16]
     torch_reference.py train-speed --type llama|minillm --vocab V --d-model D --n-heads H
                                    [--n-kv-heads K] --n-layers L [--d-ff F] --seq-len T
@@ -14,12 +14,12 @@ the plain-PyTorch models of tests/assets/model/make_golden.py (minillm = the pee
 MiniLLM, llama = Meta's LLaMA-2 layout), reads the validation shard the run trained with
 (<data.cache_dir>/val.bin, format in docs/data.md) and computes the validation loss exactly as
 mllm's evaluation defines it: packed windows i = tokens[i*seq_len : (i+1)*seq_len + 1], the first
-min(B * micro_batch * W, windows) of them, cross-entropy summed over targets that are not <PAD>
+min(B * micro_batch, windows) of them (the same at any world size), cross-entropy summed over targets that are not <PAD>
 (id 0) and divided by their count. Prints one JSON line: {"val_loss", "tokens", "sequences"}.
 
 Settings come from CHECKPOINT/recipe.yaml (written by mllm): model shape, data.seq_len,
 data.cache_dir (relative to the working directory of the run), train.micro_batch,
-eval.batches; W defaults to the world size in CHECKPOINT/state.json.
+eval.batches.
 """
 import argparse
 import json
@@ -120,10 +120,8 @@ def val_loss(args):
     seq_len = int(r["data.seq_len"])
     cache = args.cache_dir or r["data.cache_dir"]
     windows, vocab = read_val_windows(os.path.join(cache, "val.bin"), seq_len)
-    with open(os.path.join(args.checkpoint, "state.json")) as f:
-        world = args.world or json.load(f)["world_size"]
     micro, batches = int(r["train.micro_batch"]), args.batches or int(r["eval.batches"])
-    windows = windows[: min(batches * micro * world, windows.shape[0])]
+    windows = windows[: min(batches * micro, windows.shape[0])]
 
     model = build_model(r, vocab, seq_len)
     weights = load_safetensors(os.path.join(args.checkpoint, "model.safetensors"))
@@ -213,7 +211,6 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("val-loss", help="validation loss of a checkpoint's weights")
     v.add_argument("checkpoint")
-    v.add_argument("--world", type=int, default=0, help="ranks of the evaluation (default: state.json)")
     v.add_argument("--batches", type=int, default=0, help="eval batches (default: eval.batches)")
     v.add_argument("--cache-dir", default="", help="data.cache_dir (default: the recipe's)")
     v.add_argument("--device", default="cpu")

@@ -109,22 +109,30 @@ void DistributedSampler::load_state(const SamplerState& s) {
   state_ = s;
 }
 
-std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch,
-                                       int rank, int world_size) {
-  if (micro_batch <= 0 || world_size <= 0 || rank < 0 || rank >= world_size || batch < 0)
-    throw ConfigError(fmt::format("val batch: need micro_batch > 0, 0 <= rank < world size and "
-                                  "batch >= 0 (got micro_batch {}, rank {}, world size {}, batch {})",
-                                  micro_batch, rank, world_size, batch));
-  const int64_t begin = batch * micro_batch * world_size + rank * micro_batch;
+std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch) {
+  if (micro_batch <= 0 || batch < 0)
+    throw ConfigError(fmt::format("val batch: need micro_batch > 0 and batch >= 0 (got "
+                                  "micro_batch {}, batch {})", micro_batch, batch));
+  const int64_t begin = batch * micro_batch;
   const int64_t end = std::min(begin + micro_batch, num_sequences);
   std::vector<int64_t> ids;
   for (int64_t i = begin; i < end; ++i) ids.push_back(i);
   return ids;
 }
 
-int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch, int world_size) {
-  const int64_t per = micro_batch * world_size;
-  return per > 0 ? (num_sequences + per - 1) / per : 0;
+std::vector<int64_t> val_batches_of_rank(int64_t batches, int64_t num_sequences,
+                                         int64_t micro_batch, int rank, int world_size) {
+  if (world_size <= 0 || rank < 0 || rank >= world_size)
+    throw ConfigError(fmt::format("val batches: need 0 <= rank < world size (got rank {}, world "
+                                  "size {})", rank, world_size));
+  const int64_t n = std::min(batches, val_batch_count(num_sequences, micro_batch));
+  std::vector<int64_t> out;
+  for (int64_t b = rank; b < n; b += world_size) out.push_back(b);
+  return out;
+}
+
+int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch) {
+  return micro_batch > 0 ? (num_sequences + micro_batch - 1) / micro_batch : 0;
 }
 
 }  // namespace mllm

@@ -65,15 +65,21 @@ class DistributedSampler {
   mutable std::vector<int64_t> cached_perm_;
 };
 
-// Validation reads in a fixed order, each sequence at most once: val batch `batch` is
-// sequences [batch*M*W, (batch+1)*M*W) (M = micro_batch, W = world_size), rank r takes
-// [batch*M*W + r*M, +M) clipped to num_sequences. Empty when that is past the end, so in the
-// last batch some ranks may get fewer or no sequences; over all batches every sequence is read
-// exactly once. Throws ConfigError for non-positive sizes or a bad rank.
-std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch,
-                                       int rank, int world_size);
+// Validation reads in a fixed order, each sequence at most once, and the same sequences at any
+// world size: val batch `batch` (0-based) is sequences [batch*M, (batch+1)*M) clipped to
+// num_sequences (M = micro_batch), empty past the end. An evaluation of B batches reads
+// batches 0..B-1; rank r of W evaluates batches r, r+W, r+2W, ... (val_batches_of_rank), so the
+// val loss (a sum over the same sequences) does not depend on W.
+// Throws ConfigError for a non-positive micro_batch or a negative batch.
+std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch);
 
-// Number of val batches that cover all sequences: ceil(num_sequences / (micro_batch*world)).
-int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch, int world_size);
+// The val batches rank `rank` of `world_size` evaluates out of batches 0..batches-1 that hold
+// sequences (at most val_batch_count): rank, rank + world_size, ... Throws ConfigError for a
+// bad rank or world size.
+std::vector<int64_t> val_batches_of_rank(int64_t batches, int64_t num_sequences,
+                                         int64_t micro_batch, int rank, int world_size);
+
+// Number of val batches that cover all sequences: ceil(num_sequences / micro_batch).
+int64_t val_batch_count(int64_t num_sequences, int64_t micro_batch);
 
 }  // namespace mllm

@@ -141,21 +141,32 @@ TEST(DistributedSampler, BadSettingsAreConfigErrors) {
 }
 
 TEST(ValBatchIndices, FixedOrderEachSequenceOnce) {
-  // 11 sequences, micro-batch 2, 2 ranks: batches of 4 -> [0..3], [4..7], [8..10].
-  EXPECT_EQ(val_batch_indices(11, 0, 2, 0, 2), (std::vector<int64_t>{0, 1}));
-  EXPECT_EQ(val_batch_indices(11, 0, 2, 1, 2), (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(val_batch_indices(11, 2, 2, 0, 2), (std::vector<int64_t>{8, 9}));
-  EXPECT_EQ(val_batch_indices(11, 2, 2, 1, 2), (std::vector<int64_t>{10}));
-  EXPECT_TRUE(val_batch_indices(11, 3, 2, 0, 2).empty());
-  EXPECT_EQ(val_batch_count(11, 2, 2), 3);
-  for (int world : {1, 2, 4}) {
+  // 11 sequences, micro-batch 2: batches [0,1] [2,3] [4,5] [6,7] [8,9] [10].
+  EXPECT_EQ(val_batch_indices(11, 0, 2), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(val_batch_indices(11, 1, 2), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(val_batch_indices(11, 5, 2), (std::vector<int64_t>{10}));
+  EXPECT_TRUE(val_batch_indices(11, 6, 2).empty());
+  EXPECT_EQ(val_batch_count(11, 2), 6);
+  EXPECT_THROW(val_batch_indices(11, 0, 0), ConfigError);
+}
+
+TEST(ValBatchIndices, SameSequencesAtAnyWorldSize) {
+  // 4 batches of an 11-sequence split at micro-batch 2 = sequences 0..7, whatever the ranks.
+  EXPECT_EQ(val_batches_of_rank(4, 11, 2, 0, 2), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(val_batches_of_rank(4, 11, 2, 1, 2), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(val_batches_of_rank(4, 11, 2, 3, 4), (std::vector<int64_t>{3}));
+  EXPECT_EQ(val_batches_of_rank(4, 11, 2, 3, 8), (std::vector<int64_t>{3}));
+  EXPECT_TRUE(val_batches_of_rank(4, 11, 2, 5, 8).empty());
+  // More batches asked for than exist: capped at the 6 that hold sequences.
+  EXPECT_EQ(val_batches_of_rank(100, 11, 2, 0, 4), (std::vector<int64_t>{0, 4}));
+  for (int world : {1, 2, 3, 4, 8}) {
     std::multiset<int64_t> seen;
-    for (int64_t b = 0; b < val_batch_count(11, 2, world); ++b)
-      for (int r = 0; r < world; ++r)
-        for (int64_t i : val_batch_indices(11, b, 2, r, world)) seen.insert(i);
-    EXPECT_EQ(seen.size(), 11u);
-    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 11u);
+    for (int r = 0; r < world; ++r)
+      for (int64_t b : val_batches_of_rank(4, 11, 2, r, world))
+        for (int64_t i : val_batch_indices(11, b, 2)) seen.insert(i);
+    EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2, 3, 4, 5, 6, 7})) << "world " << world;
   }
+  EXPECT_THROW(val_batches_of_rank(4, 11, 2, 2, 2), ConfigError);
 }
 
 }  // namespace
