@@ -64,6 +64,8 @@ struct TrainConfig {
   int64_t threads = 0;           // intra-op threads per rank; 0 = auto (cores / local ranks)
   std::optional<int64_t> stop_at_step;   // end this invocation after this step (checkpointed)
   std::optional<double> time_limit_s;    // end this invocation after this many seconds
+  std::string on_nonfinite = "stop";     // non-finite loss / grad norm: stop | skip the update
+  int64_t max_nonfinite_skips = 5;       // skip: stop after this many skipped updates in a row
 };
 
 struct OptimConfig {
@@ -87,6 +89,7 @@ struct DistConfig {
   std::string backend = "auto";  // auto | mpi | nccl | single
   double bucket_mb = 25.0;       // gradient bucket cap, MiB
   double timeout_s = 300.0;      // collective timeout before the job is aborted
+  int64_t check_every_steps = 1000;  // replica check (hash of weights + optimizer state); 0 = off
 };
 
 struct CheckpointConfig {
@@ -97,7 +100,7 @@ struct CheckpointConfig {
 
 struct EvalConfig {
   int64_t every_steps = 200;     // 0 = only at the end
-  int64_t batches = 20;          // val batches of micro_batch x world sequences
+  int64_t batches = 20;          // val batches of micro_batch sequences, split across ranks
 };
 
 struct SampleConfig {

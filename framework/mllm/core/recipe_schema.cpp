@@ -245,6 +245,15 @@ Check in_range(double lo, double hi, bool hi_open = false) {
   };
 }
 
+// The lr: positive and at most 1e10. Why a bound: AdamW's first step moves a weight by about
+// lr / (1 - beta1) in float32; far beyond that LibTorch cannot even convert the step size
+// ("value cannot be converted to type float without overflow").
+Check lr_range() {
+  return [](double v) {
+    return v > 0 && v <= 1e10 ? std::string() : fmt::format("must be in (0, 1e10], got {}", v);
+  };
+}
+
 KeySpec section(const char* name, const char* help, std::vector<KeySpec> children) {
   KeySpec s;
   s.name = name;
@@ -263,7 +272,8 @@ KeySpec recipe_schema(Recipe& r) {
   auto& o = r.optim;
   return section("", "recipe", {
       key("plugins", r.plugins, "shared libraries (.so) dlopen'ed before building; they register components"),
-      key("callbacks", r.callbacks, "training callbacks by registry name, run in this order"),
+      key("callbacks", r.callbacks, "training callbacks by registry name; metrics and eval run before "
+          "checkpoint, samples and plugin callbacks after it, recipe order within each"),
       section("run", "run identity and output", {
           key("name", r.run.name, "run name (logs, metrics)"),
           key("out_dir", r.run.out_dir, "run folder: resolved recipe, logs, metrics, samples, checkpoints"),
@@ -321,10 +331,14 @@ KeySpec recipe_schema(Recipe& r) {
           key("stop_at_step", t.stop_at_step, "end this invocation after this step, checkpointed", at_least(1)),
           key("time_limit_s", t.time_limit_s, "end this invocation after this many seconds, checkpointed",
               positive()),
+          key("on_nonfinite", t.on_nonfinite, "a non-finite loss or gradient norm: stop (no update, "
+              "exit 1), or skip that update on every rank and go on", {"stop", "skip"}),
+          key("max_nonfinite_skips", t.max_nonfinite_skips, "on_nonfinite=skip: stop after this many "
+              "skipped updates in a row", at_least(1)),
       }),
       section("optim", "optimizer", {
           key("type", o.type, "optimizer registry name (adamw)"),
-          key("lr", o.lr, "peak learning rate", positive(), {"learning_rate", "max_lr"}),
+          key("lr", o.lr, "peak learning rate", lr_range(), {"learning_rate", "max_lr"}),
           key("weight_decay", o.weight_decay, "decoupled weight decay", at_least(0)),
           key("betas", o.betas, "Adam betas [beta1, beta2]", 2, in_range(0, 1, true)),
           key("eps", o.eps, "Adam epsilon", positive()),
@@ -343,6 +357,8 @@ KeySpec recipe_schema(Recipe& r) {
           key("bucket_mb", r.dist.bucket_mb, "gradient all-reduce bucket cap in MiB", positive(),
               {"bucket_cap_mb"}),
           key("timeout_s", r.dist.timeout_s, "seconds a collective may take before the job aborts", positive()),
+          key("check_every_steps", r.dist.check_every_steps, "every N steps compare a hash of every "
+              "rank's weights and optimizer state; a mismatch stops the run (0 = off)", at_least(0)),
       }),
       section("checkpoint", "checkpoints and resume", {
           key("every_steps", r.checkpoint.every_steps, "save every N steps (0 = only at the end)", at_least(0)),
@@ -351,7 +367,8 @@ KeySpec recipe_schema(Recipe& r) {
       }),
       section("eval", "validation", {
           key("every_steps", r.eval.every_steps, "evaluate every N steps (0 = only at the end)", at_least(0)),
-          key("batches", r.eval.batches, "val batches per evaluation", at_least(1)),
+          key("batches", r.eval.batches, "val batches of micro_batch sequences per evaluation, split "
+              "across ranks (the same sequences at any world size)", at_least(1)),
       }),
       section("sample", "text samples during training", {
           key("every_steps", r.sample.every_steps, "sample every N steps (0 = only at the end)", at_least(0)),

@@ -54,4 +54,16 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   }
 }
 
+bool apply_optimizer_hyperparams(torch::optim::Optimizer& opt, const OptimConfig& cfg) {
+  auto& groups = opt.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&groups[g].options());
+    if (a == nullptr) return false;
+    a->betas(std::make_tuple(cfg.betas.at(0), cfg.betas.at(1)))
+        .eps(cfg.eps)
+        .weight_decay(g == 0 ? cfg.weight_decay : 0.0);
+  }
+  return true;
+}
+
 }  // namespace mllm

@@ -40,4 +40,11 @@ void register_builtin_optimizers();
 // options type has no lr this function knows (AdamW, Adam, SGD are known).
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+// Sets the recipe's betas, eps and weight decay on an optimizer built by the "adamw" factory
+// (group 0 decays with cfg.weight_decay, group 1 never), whatever a loaded checkpoint held —
+// so a resumed run uses the hyperparameters of its recipe ("rewind and change the
+// hyperparameters"). The lr is set every step by set_lr. Optimizers of other option types are
+// left as they are (returns false), else returns true.
+bool apply_optimizer_hyperparams(torch::optim::Optimizer& opt, const OptimConfig& cfg);
+
 }  // namespace mllm

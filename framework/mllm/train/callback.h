@@ -1,6 +1,7 @@
 // Training callbacks: plugins that watch the loop (progress bar, metrics, eval, samples,
-// checkpoints). Chosen by name in the recipe's `callbacks:` list and run in that order, on every
-// rank (a callback that does collective work — eval, checkpoint — relies on that).
+// checkpoints). Chosen by name in the recipe's `callbacks:` list and run on every rank (a
+// callback that does collective work — eval, checkpoint — relies on that), ordered by phase
+// (CallbackPhase), in recipe order within a phase.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,15 @@ struct StepMetrics {
   double tokens_per_s = 0;     // all ranks, this step
   double mfu = 0;              // model FLOPs utilisation, 0..1 (see Trainer::peak_flops)
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, step_ms = 0;
+  bool skipped = false;        // non-finite loss or grad norm: no update (train.on_nonfinite=skip)
+  int64_t nonfinite_skips = 0; // skipped updates so far in the run
 };
+
+// When a callback runs among the others after each step and at the end of the run:
+// kBeforeSave (metrics, eval: a non-finite val loss stops the run before it is saved), then
+// kSave (checkpoint), then kAfterSave (samples, progress; the default) — so an error in
+// sampling or in a plugin never costs the steps since the last checkpoint.
+enum class CallbackPhase { kBeforeSave = 0, kSave = 1, kAfterSave = 2 };
 
 // Why the loop ended.
 enum class StopReason { kMaxSteps, kStopAtStep, kTimeLimit, kSignal };
@@ -38,6 +47,7 @@ class Callback {
   virtual void on_train_begin(Trainer&) {}
   virtual void on_step_end(Trainer&, const StepMetrics&) {}
   virtual void on_train_end(Trainer&, StopReason) {}
+  virtual CallbackPhase phase() const { return CallbackPhase::kAfterSave; }
 };
 
 // Factory: (recipe) -> callback.

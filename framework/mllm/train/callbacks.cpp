@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "mllm/data/atomic_file.h"
 #include "mllm/train/callback.h"
 #include "mllm/train/trainer.h"
 
@@ -63,7 +64,15 @@ class ProgressCallback : public Callback {
 class MetricsCallback : public Callback {
  public:
   explicit MetricsCallback(const Recipe& r) : every_(r.log.every_steps) {}
+  CallbackPhase phase() const override { return CallbackPhase::kBeforeSave; }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
+    // A skipped update is always recorded (the trainer has already warned about it).
+    if (m.skipped) {
+      t.write_metrics_line(json({{"step", m.step}, {"tokens", m.tokens}, {"skipped", true},
+                                 {"grad_norm", m.grad_norm}, {"lr", m.lr},
+                                 {"nonfinite_skips", m.nonfinite_skips}}).dump());
+      return;
+    }
     if (!due(m.step, every_) && m.step != t.recipe().train.max_steps) return;
     spdlog::info("step {:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "mfu {:.1f}% | fwd {:.0f} bwd {:.0f} comm {:.0f} opt {:.0f} ms",
@@ -93,6 +102,7 @@ void run_eval(Trainer& t) {
 class EvalCallback : public Callback {
  public:
   explicit EvalCallback(const Recipe& r) : every_(r.eval.every_steps) {}
+  CallbackPhase phase() const override { return CallbackPhase::kBeforeSave; }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     if (due(m.step, every_) && m.step != t.recipe().train.max_steps) run_eval(t);
   }
@@ -118,11 +128,14 @@ class SamplesCallback : public Callback {
  private:
   void sample(Trainer& t) {
     if (t.comm().rank() != 0) return;
-    std::ofstream out(t.run_dir() + "/samples.txt", std::ios::app);
+    std::string block;
     for (const auto& text : t.generate_samples()) {
       spdlog::info("sample step {}: {}", t.step(), text);
-      out << "=== step " << t.step() << "\n" << text << "\n";
+      block += "=== step " + std::to_string(t.step()) + "\n" + text + "\n";
     }
+    CheckedFile out(t.run_dir() + "/samples.txt", /*append=*/true);
+    out.write(block);
+    out.close();
   }
   int64_t every_;
 };
@@ -131,6 +144,7 @@ class SamplesCallback : public Callback {
 class CheckpointCallback : public Callback {
  public:
   explicit CheckpointCallback(const Recipe& r) : every_(r.checkpoint.every_steps) {}
+  CallbackPhase phase() const override { return CallbackPhase::kSave; }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     if (due(m.step, every_)) t.save_checkpoint();
   }

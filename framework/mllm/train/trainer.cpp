@@ -4,10 +4,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <limits>
 #include <thread>
+#include <unordered_map>
+
+#include <zlib.h>
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
@@ -17,8 +22,10 @@
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/fault.h"
 #include "mllm/core/logging.h"
 #include "mllm/core/plugin.h"
+#include "mllm/data/atomic_file.h"
 #include "mllm/data/prepare.h"
 #include "mllm/model/generate.h"
 #include "mllm/model/loss.h"
@@ -105,40 +112,59 @@ Batch to_device(Batch b, const torch::Device& device) {
   return b;
 }
 
-// Recipe keys that may change between a checkpoint and the run resuming it. Everything else
-// (model shape, tokenizer, data, batch sizes, optimizer, seed) would silently change the run.
-bool may_change_on_resume(const std::string& key) {
-  static const char* kAllowed[] = {"run.name", "run.out_dir", "train.max_steps",
-                                   "train.stop_at_step", "train.time_limit_s", "train.threads",
-                                   "train.device", "train.tf32", "model.attn_impl",
-                                   "callbacks", "plugins", "checkpoint.", "eval.", "sample.",
-                                   "log.", "dist."};
-  for (const char* a : kAllowed) {
+bool changes_training_on_resume(const std::string& key);
+
+bool matches_any(const std::string& key, std::initializer_list<const char*> patterns) {
+  for (const char* a : patterns) {
     std::string p(a);
     if (p.back() == '.' ? key.rfind(p, 0) == 0 : key == p) return true;
   }
   return false;
 }
 
-// Rewrites metrics.jsonl without the lines whose "step" is greater than `step`.
+// Recipe keys that may change between a checkpoint and the run resuming it. Everything else
+// (model shape, tokenizer, data, batch sizes, optimizer type, seed) would silently change the run.
+bool may_change_on_resume(const std::string& key) {
+  return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
+                           "train.time_limit_s", "train.threads", "train.device", "train.tf32",
+                           "train.on_nonfinite", "train.max_nonfinite_skips", "model.attn_impl",
+                           "callbacks", "plugins", "checkpoint.", "eval.", "sample.", "log.",
+                           "dist."}) ||
+         changes_training_on_resume(key);
+}
+
+// Of those, the hyperparameters that change the training from the resumed step on — the
+// standard "rewind to the last good checkpoint and lower the lr" — warned about and recorded.
+bool changes_training_on_resume(const std::string& key) {
+  return matches_any(key, {"optim.lr", "optim.weight_decay", "optim.betas", "optim.grad_clip",
+                           "schedule."});
+}
+
+// Rewrites metrics.jsonl without the lines whose "step" is greater than `step` (and without a
+// line torn by a crash). The new file is written beside the old one, read back and compared
+// before it replaces it, so a full disk can never cost the lines that were already there.
 void drop_metrics_after(const std::string& path, int64_t step) {
   std::ifstream in(path);
   if (!in) return;
-  std::vector<std::string> keep;
+  std::string keep;
   bool dropped = false;
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    // Lines past the checkpoint, and a line torn by the crash, go.
     if (j.is_discarded() || (j.contains("step") && j["step"].get<int64_t>() > step)) dropped = true;
-    else keep.push_back(line);
+    else keep += line + "\n";
   }
   in.close();
   if (!dropped) return;
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& line : keep) out << line << "\n";
-    if (!out) throw Error("cannot rewrite " + path + " (disk full?)");
+  try {
+    write_file_checked(tmp, keep);
+    if (read_file_bytes(tmp) != keep)
+      throw Error("cannot write " + tmp + ": the file read back differs from what was written");
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot rewrite {} (dropping the lines after step {}, which this run "
+                            "replays): {}; the file is unchanged", path, step, e.what()));
   }
   fs::rename(tmp, path);  // atomic: a crash leaves the old file or the new one
 }
@@ -246,6 +272,21 @@ void Trainer::build() {
                                     "{}); give every rank the same recipe and overrides",
                                     i, hashes[i], hashes[0]));
 
+  // One writer per run folder: rank 0 locks it before anything in it is read or written, so a
+  // second run on the same folder cannot resume from, and overwrite, this one's files.
+  std::string lock_error;
+  if (rank == 0) {
+    try {
+      lock_ = std::make_unique<RunFolderLock>(run_dir_);
+    } catch (const ConfigError& e) {
+      lock_error = e.what();
+    }
+  }
+  lock_error = comm.all_gather(lock_error)[0];
+  if (!lock_error.empty()) throw ConfigError(lock_error);
+  std::vector<std::string> interrupted;
+  if (rank == 0) interrupted = remove_interrupted_saves(checkpoints_dir());
+
   // Resume decision (rank 0 reads the folder; everyone follows its answer).
   std::string resume_folder;
   if (rank == 0) {
@@ -263,9 +304,12 @@ void Trainer::build() {
     Recipe saved = load_recipe_string(read_checkpoint_recipe(resume_folder),
                                       resume_folder + "/recipe.yaml");
     std::string breaking;
-    for (const auto& d : recipe_diff(saved, r))
+    for (const auto& d : recipe_diff(saved, r)) {
       if (!may_change_on_resume(d.key))
         breaking += fmt::format("\n  {}: checkpoint {} -> recipe {}", d.key, d.a, d.b);
+      else if (changes_training_on_resume(d.key))
+        resume_changes_.push_back({d.key, {d.a, d.b}});
+    }
     if (!breaking.empty())
       throw CheckpointError("cannot resume from " + resume_folder +
                             ": the recipe changed in ways that break the run:" + breaking +
@@ -281,6 +325,11 @@ void Trainer::build() {
   torch::set_num_threads(threads);
   spdlog::info("run {}: world size {} ({} backend), {} threads per rank, recipe {}", r.run.name,
                world, comm.backend(), threads, r.source);
+  for (const auto& name : interrupted)
+    spdlog::warn("removed {}/{}, left by an interrupted checkpoint save", checkpoints_dir(), name);
+  for (const auto& [key, values] : resume_changes_)
+    spdlog::warn("resuming with {} changed: checkpoint {} -> recipe {} (applies from the resumed "
+                 "step on)", key, values.first, values.second);
   device_ = rank_device(resolve_device_type(r.train.device, r.source), comm.local_rank());
   if (device_.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(r.train.tf32);
@@ -321,6 +370,24 @@ void Trainer::build() {
   spdlog::info("data: vocab {}, {} train sequences, {} val sequences of {} tokens ({} mode)",
                tokenizer_->vocab_size(), train_data_->size(), val_data_->size(), r.data.seq_len,
                r.data.mode);
+  // Refused now, not at the first evaluation hundreds of steps (and perhaps no checkpoint) later.
+  if (std::find(r.callbacks.begin(), r.callbacks.end(), "eval") != r.callbacks.end()) {
+    if (val_data_->size() == 0)
+      throw DataError(fmt::format(
+          "{}: the validation split {} holds {} tokens, fewer than one sequence needs ({}); "
+          "raise data.val_fraction (now {}), lower data.seq_len (now {}), or remove `eval` from "
+          "callbacks", r.source, val_data_->path(), val_data_->token_count(),
+          r.data.mode == "packed" ? fmt::format("data.seq_len + 1 = {} tokens in packed mode",
+                                                r.data.seq_len + 1)
+                                  : std::string("one document in document mode"),
+          r.data.val_fraction, r.data.seq_len));
+    const int64_t batches = std::min(r.eval.batches,
+                                     val_batch_count(val_data_->size(), r.train.micro_batch));
+    spdlog::info("eval: {} val batches of up to {} sequences ({} of {} val sequences), split "
+                 "across {} rank(s)", batches, r.train.micro_batch,
+                 std::min(val_data_->size(), batches * r.train.micro_batch), val_data_->size(),
+                 world);
+  }
 
   // Model: identical initialisation on every rank (same seed), then broadcast + verify anyway.
   torch::manual_seed(static_cast<uint64_t>(r.run.seed));
@@ -352,14 +419,24 @@ void Trainer::build() {
   if (!resume_folder.empty()) resume_from(resume_folder);
 
   if (rank == 0) {
-    std::ofstream(run_dir_ + "/recipe.resolved.yaml") << to_yaml(r);
+    write_file_atomic(run_dir_ + "/recipe.resolved.yaml", to_yaml(r));
     // Lines logged after the checkpoint we resume from (a crash between saves) are replayed
     // by this run; drop them so every step appears once.
     drop_metrics_after(run_dir_ + "/metrics.jsonl", state_.step);
-    metrics_.open(run_dir_ + "/metrics.jsonl", std::ios::app);
-    if (!metrics_) throw Error("cannot open " + run_dir_ + "/metrics.jsonl for writing");
+    metrics_ = std::make_unique<CheckedFile>(run_dir_ + "/metrics.jsonl", /*append=*/true);
+    if (!resume_changes_.empty()) {
+      nlohmann::json changed = nlohmann::json::object();
+      for (const auto& [key, values] : resume_changes_)
+        changed[key] = {{"checkpoint", values.first}, {"recipe", values.second}};
+      write_metrics_line(nlohmann::json({{"step", state_.step}, {"event", "resume"},
+                                         {"from", resume_folder}, {"changed", changed}}).dump());
+    }
   }
   for (const auto& name : r.callbacks) callbacks_.push_back(callback_registry().create(name, r));
+  // Eval before the checkpoint (a diverged val loss must not be saved), samples after it.
+  std::stable_sort(callbacks_.begin(), callbacks_.end(), [](const auto& a, const auto& b) {
+    return static_cast<int>(a->phase()) < static_cast<int>(b->phase());
+  });
   // MFU denominator: every rank times a GEMM at the same moment (after a barrier), so ranks
   // sharing cores measure their real share, and the shares add up to the job's peak.
   comm.barrier();
@@ -378,6 +455,8 @@ void Trainer::resume_from(const std::string& folder) {
         recipe_.data.cache_dir, state_.tokenizer_fingerprint));
   load_model_weights(folder, *model_);
   load_optimizer_state(folder, *optimizer_);
+  // The recipe's betas / eps / weight decay, not the checkpoint's (they may change on resume).
+  apply_optimizer_hyperparams(*optimizer_, recipe_.optim);
   sampler_->load_state(saved.sampler);
   bool rng = load_rng_state(folder, comm_->rank(), device_);
   if (saved.world_size != comm_->world_size())
@@ -391,6 +470,7 @@ void Trainer::resume_from(const std::string& folder) {
   state_.sampler = saved.sampler;
   state_.elapsed_s = saved.elapsed_s;
   state_.lr = saved.lr;
+  state_.nonfinite_skips = saved.nonfinite_skips;
   elapsed_at_start_s_ = saved.elapsed_s;
   last_saved_step_ = saved.step;
   spdlog::info("resumed from {} at step {} ({} tokens)", folder, saved.step, saved.tokens);
@@ -409,8 +489,19 @@ StopReason Trainer::run() {
       reason = StopReason::kStopAtStep;
       break;
     }
-    StepMetrics m = train_step();
+    StepMetrics m;
+    try {
+      m = train_step();
+    } catch (const CommError& e) {
+      // A failed collective: say in which step (the message names the rank). A timed-out one
+      // aborts the job from the helper thread, with the step (core/error.h current_step).
+      throw CommError(fmt::format("step {}: {}", state_.step + 1, e.what()));
+    }
     for (auto& cb : callbacks_) cb->on_step_end(*this, m);
+    // Replicas compared before anything else happens to them (a save comes from rank 0 alone).
+    if (r.dist.check_every_steps > 0 && state_.step % r.dist.check_every_steps == 0 &&
+        comm_->world_size() > 1)
+      check_replicas();
     if (stop_reason_) {
       reason = *stop_reason_;
       break;
@@ -423,7 +514,7 @@ StopReason Trainer::run() {
   // An early stop always leaves a checkpoint to resume from, whatever callbacks are listed.
   if (reason != StopReason::kMaxSteps) save_checkpoint();
   for (auto& cb : callbacks_) cb->on_train_end(*this, reason);
-  if (metrics_.is_open()) metrics_.flush();
+  if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return reason;
 }
 
@@ -447,6 +538,10 @@ StepMetrics Trainer::train_step() {
 
   model_->train();
   optimizer_->zero_grad();
+  const int rank = comm_->rank();
+  const int64_t this_step = state_.step + 1;
+  set_current_step(this_step);
+  const bool inject_nan = injected_fault("nan", rank, this_step).has_value();
   // Summed on the device in float64 (no host round trip per micro-step); on the CPU the same
   // additions in the same order as summing item<double>() values.
   torch::Tensor local_loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device_));
@@ -459,28 +554,27 @@ StepMetrics Trainer::train_step() {
       Autocast autocast(r.train.precision == "bf16", device_);
       loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
     }
+    if (inject_nan && a == 0) loss = loss * std::numeric_limits<float>::quiet_NaN();
     m.forward_ms += ms_since(t0);
     auto t1 = std::chrono::steady_clock::now();
     (loss * scale).backward();
     m.backward_ms += ms_since(t1);
     local_loss_sum += loss.detach().to(torch::kFloat64);
   }
+  if (injected_fault("throw", rank, this_step))
+    throw Error(fmt::format("rank {}: step {}: injected failure (MLLM_FAULT throw)", rank, this_step));
+  if (auto f = injected_fault("sleep", rank, this_step)) {
+    spdlog::warn("rank {}: step {}: sleeping {} s (MLLM_FAULT sleep)", rank, this_step, f->seconds);
+    std::this_thread::sleep_for(std::chrono::duration<double>(f->seconds));
+  }
   auto t2 = std::chrono::steady_clock::now();
   dp_->finish_gradient_sync();
   m.comm_ms = ms_since(t2);
   m.grad_norm = dp_->clip_grad_norm(r.optim.grad_clip);
-  // Identical on every rank (synced gradients), so all ranks stop together, before a NaN
-  // update can reach the weights and a checkpoint.
-  if (!std::isfinite(m.grad_norm))
-    throw Error(fmt::format("gradient norm is {} at step {}; nothing was updated — lower "
-                            "optim.lr, or resume from the last checkpoint", m.grad_norm,
-                            state_.step + 1));
-  auto t3 = std::chrono::steady_clock::now();
-  optimizer_->step();
-  m.optimizer_ms = ms_since(t3);
 
-  // One small collective per step: the global loss sum and the stop votes (a signal on any
-  // rank, the time limit on any rank), so every rank stops after the same step, for one reason.
+  // One small collective per step, before the update: the global loss sum and the stop votes
+  // (a signal on any rank, the time limit on any rank), so every rank stops after the same
+  // step, for one reason, and every rank sees the same loss when deciding about the update.
   const bool timed_out = r.train.time_limit_s && seconds_running() >= *r.train.time_limit_s;
   torch::Tensor red = torch::tensor(
       {local_loss_sum.item<double>(), stop_signal_received() ? 1.0 : 0.0, timed_out ? 1.0 : 0.0},
@@ -488,6 +582,38 @@ StepMetrics Trainer::train_step() {
   comm_->all_reduce(red, ReduceOp::kSum);
   if (red[1].item<double>() > 0) stop_reason_ = StopReason::kSignal;
   else if (red[2].item<double>() > 0) stop_reason_ = StopReason::kTimeLimit;
+  m.loss = red[0].item<double>() / static_cast<double>(global_targets);
+
+  // Identical on every rank (synced gradients, all-reduced loss), so all ranks decide alike,
+  // before a non-finite update can reach the weights and a checkpoint.
+  if (!std::isfinite(m.grad_norm) || !std::isfinite(m.loss)) {
+    const std::string what = fmt::format("loss {} and gradient norm {} at step {}", m.loss,
+                                         m.grad_norm, this_step);
+    if (r.train.on_nonfinite == "stop")
+      throw Error(fmt::format("{}; nothing was updated. Lower optim.lr (it may change on resume) "
+                              "and resume from the last checkpoint, or set "
+                              "train.on_nonfinite=skip", what));
+    ++consecutive_skips_;
+    ++state_.nonfinite_skips;
+    if (consecutive_skips_ > r.train.max_nonfinite_skips)
+      throw Error(fmt::format("{}: {} updates in a row were non-finite (train.max_nonfinite_skips"
+                              "={}); the run has diverged. Lower optim.lr and resume from the "
+                              "last checkpoint", what, consecutive_skips_,
+                              r.train.max_nonfinite_skips));
+    spdlog::warn("{}: update skipped on every rank (train.on_nonfinite=skip; {} in a row, {} in "
+                 "the run)", what, consecutive_skips_, state_.nonfinite_skips);
+    m.skipped = true;
+  } else {
+    consecutive_skips_ = 0;
+    auto t3 = std::chrono::steady_clock::now();
+    optimizer_->step();
+    m.optimizer_ms = ms_since(t3);
+  }
+  if (injected_fault("desync", rank, this_step)) {
+    torch::NoGradGuard no_grad;
+    model_->parameters().front().add_(1e-3);
+    spdlog::warn("rank {}: step {}: perturbed a parameter (MLLM_FAULT desync)", rank, this_step);
+  }
 
   state_.step += 1;
   state_.tokens += r.train.global_batch * r.data.seq_len;
@@ -496,13 +622,11 @@ StepMetrics Trainer::train_step() {
   m.step = state_.step;
   m.tokens = state_.tokens;
   m.target_tokens = global_targets;
-  m.loss = red[0].item<double>() / static_cast<double>(global_targets);
+  m.nonfinite_skips = state_.nonfinite_skips;
   m.step_ms = ms_since(t_step);
   m.tokens_per_s = r.train.global_batch * r.data.seq_len / (m.step_ms / 1000.0);
   m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
-  if (!std::isfinite(m.loss))
-    throw Error(fmt::format("loss is {} at step {}; lower optim.lr or check the data", m.loss,
-                            m.step));
+  if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return m;
 }
 
@@ -511,11 +635,9 @@ EvalMetrics Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0, count = 0;
-  for (int64_t b = 0; b < r.eval.batches; ++b) {
-    auto ids = val_batch_indices(val_data_->size(), b, r.train.micro_batch, comm_->rank(),
-                                 comm_->world_size());
-    if (ids.empty()) continue;
-    Batch batch = val_data_->get(ids);
+  for (int64_t b : val_batches_of_rank(r.eval.batches, val_data_->size(), r.train.micro_batch,
+                                       comm_->rank(), comm_->world_size())) {
+    Batch batch = val_data_->get(val_batch_indices(val_data_->size(), b, r.train.micro_batch));
     count += static_cast<double>(count_targets(batch.targets));
     batch = to_device(std::move(batch), device_);
     Autocast autocast(r.train.precision == "bf16", device_);
@@ -531,6 +653,12 @@ EvalMetrics Trainer::evaluate() {
     throw DataError("the validation shard has no sequences; raise data.val_fraction");
   e.val_loss = red[0].item<double>() / red[1].item<double>();
   e.val_ppl = std::exp(e.val_loss);
+  // The same value on every rank: all stop here, before the checkpoint callback saves weights
+  // that no longer produce finite losses.
+  if (!std::isfinite(e.val_loss))
+    throw Error(fmt::format("val loss is {} at step {}: the weights have diverged; this step is "
+                            "not saved. Lower optim.lr (it may change on resume) and resume "
+                            "from the last checkpoint", e.val_loss, e.step));
   return e;
 }
 
@@ -570,9 +698,57 @@ std::vector<std::string> Trainer::generate_samples() {
 }
 
 void Trainer::write_metrics_line(const std::string& json_line) {
-  if (!metrics_.is_open()) return;
-  metrics_ << json_line << "\n";
-  metrics_.flush();
+  if (!metrics_) return;
+  metrics_->write(json_line + "\n");  // one write(2): a line is either there whole or not
+}
+
+void Trainer::check_replicas() {
+  // Names and tensors in a fixed order: parameters, then each parameter's optimizer state.
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> tensors;
+  std::unordered_map<void*, std::string> name_of;
+  for (const auto& p : model_->named_parameters()) {
+    names.push_back("parameter " + p.key());
+    tensors.push_back(p.value());
+    name_of[p.value().unsafeGetTensorImpl()] = p.key();
+  }
+  for (const auto& group : optimizer_->param_groups())
+    for (const auto& p : group.params()) {
+      auto it = optimizer_->state().find(p.unsafeGetTensorImpl());
+      if (it == optimizer_->state().end()) continue;
+      const std::string& pname = name_of[p.unsafeGetTensorImpl()];
+      if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+        names.push_back("AdamW exp_avg of " + pname);
+        tensors.push_back(a->exp_avg());
+        names.push_back("AdamW exp_avg_sq of " + pname);
+        tensors.push_back(a->exp_avg_sq());
+        names.push_back("AdamW step of " + pname);
+        tensors.push_back(torch::tensor({a->step()}, torch::kInt64));
+      }
+    }
+  std::string digest;
+  for (const auto& t : tensors) {
+    torch::Tensor c = t.detach().contiguous().cpu();
+    uLong crc = crc32_z(0L, Z_NULL, 0);
+    crc = crc32_z(crc, static_cast<const Bytef*>(c.data_ptr()),
+                  static_cast<size_t>(c.numel() * c.element_size()));
+    digest += fmt::format("{:08x}", static_cast<uint32_t>(crc));
+  }
+  const std::vector<std::string> all = comm_->all_gather(digest);
+  for (std::size_t rank = 1; rank < all.size(); ++rank) {
+    if (all[rank] == all[0]) continue;
+    std::size_t first = 0, differing = 0;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (all[rank].compare(8 * i, 8, all[0], 8 * i, 8) != 0 && differing++ == 0) first = i;
+    throw Error(fmt::format(
+        "replica check at step {}: rank {} differs from rank 0 in {} (and {} more of {} tensors); "
+        "the replicas must be identical — a rank computed differently (hardware fault, "
+        "non-deterministic kernel, or a bug). Resume from the last checkpoint; "
+        "dist.check_every_steps={} sets how often this is checked", state_.step, rank,
+        names[first], differing - 1, names.size(), recipe_.dist.check_every_steps));
+  }
+  spdlog::debug("replica check at step {}: {} tensors identical on {} ranks", state_.step,
+                names.size(), all.size());
 }
 
 }  // namespace mllm

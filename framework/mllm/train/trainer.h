@@ -25,6 +25,11 @@
 #include "mllm/optim/lr_schedule.h"
 #include "mllm/train/callback.h"
 #include "mllm/train/checkpoint.h"
+#include "mllm/train/run_lock.h"
+
+namespace mllm {
+class CheckedFile;
+}
 
 namespace mllm {
 
@@ -38,27 +43,42 @@ struct EvalMetrics {
 
 class Trainer {
  public:
-  // Validates the recipe for comm's world size, prepares the data if needed (rank 0 tokenizes
-  // while the other ranks wait), builds all parts, and resumes per checkpoint.resume.
-  // Writes nothing before the recipe and world size are known to be valid.
+  // Validates the recipe for comm's world size, locks the run folder (rank 0; RunFolderLock),
+  // prepares the data if needed (rank 0 tokenizes while the other ranks wait), builds all parts,
+  // and resumes per checkpoint.resume. Writes nothing before the recipe and world size are known
+  // to be valid. Refuses (DataError) a val split shorter than one sequence when `eval` is among
+  // the callbacks. Optimizer and schedule hyperparameters (optim.lr, weight_decay, betas,
+  // grad_clip, schedule.*) may differ from the checkpoint's: each change is warned about and
+  // recorded in metrics.jsonl; any other change that would alter the run is a CheckpointError.
   // Throws ConfigError / DataError / CheckpointError (bad input) or Error.
   Trainer(Recipe recipe, std::shared_ptr<Communicator> comm);
   ~Trainer();
 
   // Trains until train.max_steps, train.stop_at_step, train.time_limit_s or SIGTERM/SIGINT.
-  // Every early stop saves a checkpoint first. Returns why it stopped.
+  // Every early stop saves a checkpoint first. Returns why it stopped. A non-finite loss or
+  // gradient norm stops the run (mllm::Error naming the step) before the update reaches the
+  // weights, or with train.on_nonfinite=skip skips that update on every rank (stopping after
+  // train.max_nonfinite_skips in a row). Every dist.check_every_steps steps the replicas are
+  // compared (check_replicas). Errors of a collective name the step.
   StopReason run();
 
-  // Collective: mean val loss over eval.batches batches of micro_batch sequences per rank
-  // (val sequences in a fixed order, each at most once). Throws DataError if the val shard
-  // has no sequence.
+  // Collective: mean val loss over the first eval.batches batches of micro_batch val sequences,
+  // split across ranks (the same sequences at any world size; data/sampler.h). Throws DataError
+  // if the val shard has no sequence, and mllm::Error when the val loss is not finite (the
+  // weights diverged: the callbacks then never save this step, `latest` stays on the last
+  // finite checkpoint).
   EvalMetrics evaluate();
+  // Collective: hashes (CRC-32 of the bytes) every parameter and optimizer-state tensor on each
+  // rank and compares them with rank 0's. Throws mllm::Error naming the first differing rank
+  // and tensor when the replicas have drifted apart (they must be bitwise identical).
+  void check_replicas();
   // Collective: saves a checkpoint of the current step (no-op if this step is already saved).
   // Returns the folder.
   std::string save_checkpoint();
   // Rank 0 only: continues each sample.prompts entry; returns the texts (prompt + continuation).
   std::vector<std::string> generate_samples();
   // Appends one JSON object as a line to <out_dir>/metrics.jsonl (rank 0 only; others no-op).
+  // Throws mllm::Error "cannot write <path>: <reason>" when the write fails (a full disk).
   void write_metrics_line(const std::string& json_line);
 
   const Recipe& recipe() const { return recipe_; }
@@ -95,7 +115,10 @@ class Trainer {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::shared_ptr<LrSchedule> schedule_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
-  std::ofstream metrics_;
+  std::unique_ptr<RunFolderLock> lock_;          // rank 0: held for the Trainer's lifetime
+  std::unique_ptr<CheckedFile> metrics_;         // rank 0: metrics.jsonl, appended to
+  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> resume_changes_;
+  int64_t consecutive_skips_ = 0;
   TrainState state_;
   int64_t last_saved_step_ = -1;
   int64_t flops_per_token_ = 0;
