@@ -12,7 +12,7 @@ if ! mount -t tmpfs -o size=4m tmpfs "$FULL" 2>/dev/null; then
   TMPFS=0
 else
   TMPFS=1
-  trap 'umount "$FULL" 2>/dev/null || true; cleanup' EXIT
+  trap 'umount -l "$FULL" 2>/dev/null || true; cleanup' EXIT
 fi
 ARGS=(train.max_steps=20 checkpoint.every_steps=5 checkpoint.keep_last=3 eval.every_steps=0)
 expect_enospc() {  # LOG FILE-PATTERN
@@ -36,9 +36,22 @@ if [ "$TMPFS" = 1 ]; then
   grep -q "resumed from .*step_000005 at step 5" "$WORK/b.log" || fail "relaunch did not resume"
   cmp -s "$WORK/first5" <(head -n 5 "$OUT/metrics.jsonl") || fail "the relaunch changed metrics lines 1-5"
   [ "$(cat "$OUT/checkpoints/latest")" = step_000005 ] || fail "latest moved on relaunch"
-  # Space again: the run resumes and finishes.
+  # Completely full now: the relaunch must rewrite metrics.jsonl (it holds steps 6-9 past the
+  # checkpoint) and cannot; the error names the file and every line is still there.
+  cp "$OUT/metrics.jsonl" "$WORK/metrics.before"
+  dd if=/dev/zero of="$FULL/filler" bs=4k 2>/dev/null || true
+  set +e; train 1 "$OUT" "${ARGS[@]}" > "$WORK/c.log" 2>&1; code=$?; set -e
+  [ "$code" -eq 1 ] || { tail -3 "$WORK/c.log"; fail "full relaunch: exit $code, expected 1"; }
+  grep -q "cannot rewrite $OUT/metrics.jsonl .*No space left on device; the file is unchanged" "$WORK/c.log" ||
+    { tail -3 "$WORK/c.log"; fail "full relaunch: the failed rewrite is not named"; }
+  cmp -s "$WORK/metrics.before" "$OUT/metrics.jsonl" || fail "full relaunch changed metrics.jsonl"
+  [ ! -e "$OUT/metrics.jsonl.tmp" ] || fail "full relaunch left metrics.jsonl.tmp"
+  # Space again (the run folder copied to a normal disk): it resumes from step 5 and finishes.
+  cp -a "$OUT" "$WORK/moved"
   umount "$FULL"
-  train 1 "$WORK/ok" "${ARGS[@]}" > "$WORK/ok.log" 2>&1 || fail "run on a normal disk"
+  train 1 "$WORK/moved" "${ARGS[@]}" > "$WORK/ok.log" 2>&1 || { tail "$WORK/ok.log"; fail "resume on a normal disk"; }
+  grep -q "resumed from .*step_000005 at step 5" "$WORK/ok.log" || fail "did not resume from step 5 on a normal disk"
+  [ "$(cat "$WORK/moved/checkpoints/latest")" = step_000020 ] || fail "the moved run did not finish"
   echo "tmpfs part passed"
 fi
 

@@ -25,6 +25,11 @@ for d in "$OUT"/checkpoints/step_*; do
 done
 latest=$(cat "$OUT/checkpoints/latest"); last=$((10#${latest#step_}))
 [ "$last" -eq $((bad - 1)) ] || fail "latest is $latest, expected the step before $bad"
+# The same when the diverged step is the last one (evaluated, then saved at the end of the run).
+run_expect 1 "$WORK/div2.log" 1 "$WORK/div2" optim.lr=1e6 optim.grad_clip=0 checkpoint.every_steps=1 \
+  eval.every_steps=1 "train.max_steps=$bad"
+[ "$(cat "$WORK/div2/checkpoints/latest")" = "$(printf 'step_%06d' $((bad - 1)))" ] ||
+  fail "the diverged last step became latest"
 # Rewind and lower the lr (and clip again): allowed, warned, recorded, and the new lr is used.
 run_expect 0 "$WORK/res.log" 1 "$OUT" optim.lr=1e-3 optim.grad_clip=1.0
 grep -q "resuming with optim.lr changed: checkpoint 1000000.0 -> recipe 0.001" "$WORK/res.log" || fail "lr change not warned"

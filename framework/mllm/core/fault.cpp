@@ -45,7 +45,9 @@ std::vector<Fault> parse_faults(const std::string& spec) {
       if (k == "rank") f.rank = static_cast<int>(number(entry, k, v));
       else if (k == "step") f.step = static_cast<int64_t>(number(entry, k, v));
       else if (k == "seconds") f.seconds = number(entry, k, v);
-      else if (k == "file" && !v.empty()) f.file = v;
+      else if (k == "file" && v.empty())
+        throw ConfigError("MLLM_FAULT: '" + entry + "': file= needs a file name");
+      else if (k == "file") f.file = v;
       else
         throw ConfigError("MLLM_FAULT: '" + entry + "': unknown key '" + k +
                           "'; expected rank=, step=, seconds= or file=");

@@ -103,15 +103,23 @@ class EvalCallback : public Callback {
  public:
   explicit EvalCallback(const Recipe& r) : every_(r.eval.every_steps) {}
   CallbackPhase phase() const override { return CallbackPhase::kBeforeSave; }
+  // The last step is evaluated here too, before the checkpoint callback saves it (a NaN val
+  // loss must stop the run before that save).
   void on_step_end(Trainer& t, const StepMetrics& m) override {
-    if (due(m.step, every_) && m.step != t.recipe().train.max_steps) run_eval(t);
+    if (due(m.step, every_) || m.step == t.recipe().train.max_steps) evaluate(t);
   }
+  // A run that ends without taking a step here (resumed at max_steps) is evaluated now.
   void on_train_end(Trainer& t, StopReason reason) override {
-    if (reason == StopReason::kMaxSteps) run_eval(t);
+    if (reason == StopReason::kMaxSteps && last_step_ != t.step()) evaluate(t);
   }
 
  private:
+  void evaluate(Trainer& t) {
+    run_eval(t);
+    last_step_ = t.step();
+  }
   int64_t every_;
+  int64_t last_step_ = -1;
 };
 
 // Every sample.every_steps and at the end: rank 0 continues the prompts into samples.txt.

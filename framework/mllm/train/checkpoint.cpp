@@ -183,6 +183,8 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
       save_torch(pc, injected_errno(step, pc), [&](auto& w) { torch::save(cuda_rng, w); });
     }
   }
+  // Why: if rank 0 fails below it removes tmp_dir; no other rank may still be writing into it.
+  comm.barrier();
   on_rank0([&] {
     const fs::path pm = tmp_dir / "model.pt";
     save_torch(pm, injected_errno(step, pm), [&](auto& w) {

@@ -160,13 +160,13 @@ void drop_metrics_after(const std::string& path, int64_t step) {
     write_file_checked(tmp, keep);
     if (read_file_bytes(tmp) != keep)
       throw Error("cannot write " + tmp + ": the file read back differs from what was written");
+    fs::rename(tmp, path);  // atomic: a crash leaves the old file or the new one
   } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove(tmp, ec);
     throw Error(fmt::format("cannot rewrite {} (dropping the lines after step {}, which this run "
                             "replays): {}; the file is unchanged", path, step, e.what()));
   }
-  fs::rename(tmp, path);  // atomic: a crash leaves the old file or the new one
 }
 
 // Every registry name the recipe uses exists — checked before anything is written, so a typo
@@ -249,6 +249,7 @@ double measure_peak_flops(bool bf16, const torch::Device& device) {
 Trainer::Trainer(Recipe recipe, std::shared_ptr<Communicator> comm)
     : recipe_(std::move(recipe)), comm_(std::move(comm)), start_(std::chrono::steady_clock::now()) {
   validate_for_world(recipe_, comm_->world_size());
+  injected_fault("", -1, -1);  // a malformed MLLM_FAULT fails now, before anything is written
   register_builtins();
   load_plugins(recipe_.plugins);  // before anything is built: plugins may provide any part
   check_component_names(recipe_);
@@ -419,10 +420,10 @@ void Trainer::build() {
   if (!resume_folder.empty()) resume_from(resume_folder);
 
   if (rank == 0) {
-    write_file_atomic(run_dir_ + "/recipe.resolved.yaml", to_yaml(r));
     // Lines logged after the checkpoint we resume from (a crash between saves) are replayed
     // by this run; drop them so every step appears once.
     drop_metrics_after(run_dir_ + "/metrics.jsonl", state_.step);
+    write_file_atomic(run_dir_ + "/recipe.resolved.yaml", to_yaml(r));
     metrics_ = std::make_unique<CheckedFile>(run_dir_ + "/metrics.jsonl", /*append=*/true);
     if (!resume_changes_.empty()) {
       nlohmann::json changed = nlohmann::json::object();
@@ -456,7 +457,13 @@ void Trainer::resume_from(const std::string& folder) {
   load_model_weights(folder, *model_);
   load_optimizer_state(folder, *optimizer_);
   // The recipe's betas / eps / weight decay, not the checkpoint's (they may change on resume).
-  apply_optimizer_hyperparams(*optimizer_, recipe_.optim);
+  if (!apply_optimizer_hyperparams(*optimizer_, recipe_.optim))
+    for (const auto& [key, values] : resume_changes_)
+      if (key == "optim.weight_decay" || key == "optim.betas")
+        throw CheckpointError(fmt::format(
+            "cannot resume from {} with {} changed ({} -> {}): optimizer {} does not take new "
+            "hyperparameters on resume; restore the value", folder, key, values.first,
+            values.second, recipe_.optim.type));
   sampler_->load_state(saved.sampler);
   bool rng = load_rng_state(folder, comm_->rank(), device_);
   if (saved.world_size != comm_->world_size())
@@ -497,11 +504,11 @@ StopReason Trainer::run() {
       // aborts the job from the helper thread, with the step (core/error.h current_step).
       throw CommError(fmt::format("step {}: {}", state_.step + 1, e.what()));
     }
-    for (auto& cb : callbacks_) cb->on_step_end(*this, m);
-    // Replicas compared before anything else happens to them (a save comes from rank 0 alone).
+    // Replicas compared before the callbacks: a drifted rank 0 must not be saved.
     if (r.dist.check_every_steps > 0 && state_.step % r.dist.check_every_steps == 0 &&
         comm_->world_size() > 1)
       check_replicas();
+    for (auto& cb : callbacks_) cb->on_step_end(*this, m);
     if (stop_reason_) {
       reason = *stop_reason_;
       break;
@@ -514,6 +521,7 @@ StopReason Trainer::run() {
   // An early stop always leaves a checkpoint to resume from, whatever callbacks are listed.
   if (reason != StopReason::kMaxSteps) save_checkpoint();
   for (auto& cb : callbacks_) cb->on_train_end(*this, reason);
+  flush_logs();
   if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return reason;
 }
@@ -626,6 +634,7 @@ StepMetrics Trainer::train_step() {
   m.step_ms = ms_since(t_step);
   m.tokens_per_s = r.train.global_batch * r.data.seq_len / (m.step_ms / 1000.0);
   m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
+  flush_logs();  // so that a log file on a full disk fails now, not at exit
   if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return m;
 }
@@ -665,6 +674,17 @@ EvalMetrics Trainer::evaluate() {
 std::string Trainer::save_checkpoint() {
   const std::string folder = checkpoints_dir() + "/" + checkpoint_name(state_.step);
   if (last_saved_step_ == state_.step) return folder;
+  // Weights that are no longer finite are never saved (the same verdict on every rank: the
+  // replicas are identical), so `latest` always holds a usable model.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : model_->named_parameters())
+      if (!torch::isfinite(p.value()).all().item<bool>())
+        throw Error(fmt::format("parameter {} is not finite at step {}: the weights have "
+                                "diverged and are not saved. Lower optim.lr (it may change on "
+                                "resume) and resume from the last checkpoint", p.key(),
+                                state_.step));
+  }
   state_.elapsed_s = elapsed_at_start_s_ + seconds_running();
   auto t0 = std::chrono::steady_clock::now();
   std::string out = mllm::save_checkpoint(*comm_, checkpoints_dir(), state_, *model_,
@@ -699,7 +719,8 @@ std::vector<std::string> Trainer::generate_samples() {
 
 void Trainer::write_metrics_line(const std::string& json_line) {
   if (!metrics_) return;
-  metrics_->write(json_line + "\n");  // one write(2): a line is either there whole or not
+  // A failed write can leave a partial line behind; the next start drops it (drop_metrics_after).
+  metrics_->write(json_line + "\n");
 }
 
 void Trainer::check_replicas() {
@@ -737,6 +758,10 @@ void Trainer::check_replicas() {
   const std::vector<std::string> all = comm_->all_gather(digest);
   for (std::size_t rank = 1; rank < all.size(); ++rank) {
     if (all[rank] == all[0]) continue;
+    if (all[rank].size() != all[0].size())
+      throw Error(fmt::format("replica check at step {}: rank {} holds {} parameter and optimizer "
+                              "tensors, rank 0 holds {}; the replicas have diverged",
+                              state_.step, rank, all[rank].size() / 8, all[0].size() / 8));
     std::size_t first = 0, differing = 0;
     for (std::size_t i = 0; i < names.size(); ++i)
       if (all[rank].compare(8 * i, 8, all[0], 8 * i, 8) != 0 && differing++ == 0) first = i;
