@@ -2,6 +2,7 @@
 // accumulation without communication, token-count loss normalisation, global-norm clipping.
 #include "mllm/distributed/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -287,6 +288,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
     }
   }
   b.buffer.narrow(0, b.numel, n_params).copy_(torch::from_blob(flags.data(), {n_params}, torch::kFloat));
+  b.all_local = std::all_of(flags.begin(), flags.end(), [](float f) { return f > 0; });
   collectives_issued_ += 1;
   b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
   b.launched = true;
@@ -319,6 +321,11 @@ void DataParallel::finish_gradient_sync() {
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
       b.work->wait();
+      // Every parameter of the bucket had a gradient here, so after the average every flag is
+      // > 0 and every .grad already aliases the bucket: nothing to read back. Why it matters:
+      // on a GPU the read-back is a host synchronisation per bucket, which would stall the
+      // host until NCCL finished instead of letting it queue the optimizer's kernels.
+      if (b.all_local) continue;
       const int64_t n_params = static_cast<int64_t>(b.params.size());
       torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
       const double* f = flags.data_ptr<double>();

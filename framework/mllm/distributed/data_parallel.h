@@ -99,6 +99,7 @@ class DataParallel {
     int64_t numel = 0;           // gradient elements; a "used" flag per parameter follows them
     int pending = 0;             // parameters not ready yet in the current synced step
     bool launched = false;
+    bool all_local = false;      // every parameter had a gradient on this rank (flags all 1)
     torch::Tensor buffer;        // [numel + params.size()], allocated on first launch
     std::shared_ptr<Work> work;
   };

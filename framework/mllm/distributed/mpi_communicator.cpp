@@ -2,6 +2,9 @@
 // rank-ordered reduction so results are bitwise identical on all ranks and for any bucketing.
 #include "mllm/distributed/mpi_communicator.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -200,9 +203,29 @@ std::shared_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& t, Reduce
   detail::check_all_reduce_args(t, op, "mpi");
   count_collective();
   torch::Tensor target = t;
-  torch::Tensor work = detail::staging_for(t);
   const std::string what =
       detail::describe(fmt::format("all_reduce({})", reduce_op_name(op)).c_str(), t);
+  if (t.device().is_cuda()) {
+    // Several ranks sharing a GPU, or no NCCL: staged through pinned host memory. The copy to
+    // the host is queued on LibTorch's current stream without blocking this thread (backward
+    // goes on); the communication thread waits for it (an event), reduces, and copies back.
+    const auto st = t.scalar_type();
+    const bool native = st == torch::kFloat || st == torch::kDouble || st == torch::kInt ||
+                        st == torch::kLong;
+    torch::Tensor host = torch::empty(
+        t.sizes(), torch::TensorOptions().dtype(native ? st : torch::kFloat).pinned_memory(true));
+    host.copy_(t, /*non_blocking=*/true);
+    auto copied = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    copied->record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(t.device()));
+    return detail::submit_mpi_task(what, rank_, timeout_s_, [=]() mutable {
+      copied->synchronize();
+      detail::rank_ordered_all_reduce(host.data_ptr(), host.numel(), host.scalar_type(), op,
+                                      comm_, rank_, world_, scratch_);
+      torch::NoGradGuard no_grad;
+      target.copy_(host);  // blocking: done before wait() returns
+    });
+  }
+  torch::Tensor work = detail::staging_for(t);
   return detail::submit_mpi_task(what, rank_, timeout_s_, [=]() mutable {
     detail::rank_ordered_all_reduce(work.data_ptr(), work.numel(), work.scalar_type(), op, comm_,
                                     rank_, world_, scratch_);

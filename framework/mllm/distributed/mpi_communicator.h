@@ -36,7 +36,10 @@ class MpiCommunicator : public Communicator {
   int local_size() const override { return local_size_; }
 
   // Tensors that are not contiguous CPU float32/float64/int32/int64 are reduced through a
-  // contiguous CPU copy (float32 for float16/bfloat16) that is copied back when done.
+  // contiguous CPU copy (float32 for float16/bfloat16) that is copied back when done. CUDA
+  // tensors (ranks sharing a GPU, no NCCL) go through pinned host memory: the device-to-host
+  // copy is queued on LibTorch's current stream without blocking the caller, the communication
+  // thread waits for it (a CUDA event), reduces and copies the result back before wait() returns.
   void all_reduce(torch::Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
   void broadcast(torch::Tensor& t, int root) override;

@@ -1,6 +1,13 @@
 // NCCL adapter: maps torch tensors and LibTorch's current CUDA stream onto NcclCore calls.
 #include "mllm/distributed/nccl/nccl_communicator.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -8,9 +15,96 @@
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/logging.h"
 #include "mllm/distributed/mpi_runtime.h"
 
 namespace mllm {
+
+// Watches the collectives in flight: the host no longer waits for each one (NcclWork::wait only
+// orders LibTorch's stream after it), so this thread is where dist.timeout_s and NCCL's
+// asynchronous errors are enforced, as PyTorch's ProcessGroupNCCL watchdog does.
+class NcclCommunicator::Watchdog {
+ public:
+  Watchdog(nccl::NcclCore& core, int device, double timeout_s)
+      : core_(core), device_(device), timeout_s_(timeout_s), thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void watch(std::shared_ptr<nccl::NcclEvent> event, std::string what) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back({std::move(event), std::move(what), current_step(),
+                          std::chrono::steady_clock::now()});
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<nccl::NcclEvent> event;
+    std::string what;
+    int64_t step;
+    std::chrono::steady_clock::time_point start;
+  };
+
+  [[noreturn]] void fail(const Pending& p, const std::string& why) {
+    const std::string msg = fmt::format("rank {}: {}{} {}; NCCL communicator aborted, aborting the "
+                                        "job", core_.rank(), p.step > 0 ? fmt::format("step {}: ", p.step) : "",
+                                        p.what, why);
+    spdlog::error("{}", msg);
+    flush_logs();
+    core_.abort();  // frees kernels spinning on a peer that will never come
+    abort_job(1);
+    std::_Exit(1);  // one rank alone: nobody else to stop, and the main thread may be blocked
+  }
+
+  void loop() {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (pending_.empty()) {
+        cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+        continue;
+      }
+      // Collectives finish in issue order on the one NCCL stream: only the oldest can be late.
+      Pending p = pending_.front();
+      lock.unlock();
+      bool done = false;
+      try {
+        done = p.event->done();
+        if (!done) core_.check_async_error(p.what);
+      } catch (const std::exception& e) {
+        fail(p, fmt::format("failed: {}", e.what()));
+      }
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
+      if (!done && timeout_s_ > 0 && waited > timeout_s_)
+        fail(p, fmt::format("did not finish within dist.timeout_s = {} s; another rank is "
+                            "probably stuck or dead (see its log)", timeout_s_));
+      lock.lock();
+      if (done) {
+        pending_.pop_front();
+      } else {
+        cv_.wait_for(lock, std::chrono::milliseconds(2));
+      }
+    }
+  }
+
+  nccl::NcclCore& core_;
+  int device_;
+  double timeout_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after everything above exists
+};
+
 namespace {
 
 nccl::DataType to_core(torch::ScalarType t) {
@@ -35,29 +129,20 @@ nccl::RedOp to_core(ReduceOp op) {
   return nccl::RedOp::kSum;
 }
 
+// One collective in flight. wait() orders LibTorch's current stream after it (no host wait;
+// the watchdog enforces the timeout) and copies a non-contiguous result back on that stream.
 class NcclWork : public Work {
  public:
-  NcclWork(std::shared_ptr<nccl::NcclEvent> event, torch::Tensor target, torch::Tensor work,
-           std::string what, int rank, double timeout_s)
-      : event_(std::move(event)), target_(std::move(target)), work_(std::move(work)),
-        what_(std::move(what)), rank_(rank), timeout_s_(timeout_s) {}
+  NcclWork(std::shared_ptr<nccl::NcclEvent> event, torch::Tensor target, torch::Tensor work)
+      : event_(std::move(event)), target_(std::move(target)), work_(std::move(work)) {}
 
   void wait() override {
     if (done_) return;
     const auto device = work_.device().index();
-    // Device side first, so later kernels on LibTorch's stream see the result even if the host
-    // moves on; then the host waits, which is where dist.timeout_s can be enforced.
     event_->block_stream(c10::cuda::getCurrentCUDAStream(device).stream());
-    try {
-      event_->synchronize(timeout_s_, what_);
-    } catch (const CommError& e) {
-      spdlog::error("{}", e.what());
-      abort_job(1);
-      throw;
-    }
     if (!work_.is_same(target_)) {
       torch::NoGradGuard no_grad;
-      target_.copy_(work_);
+      target_.copy_(work_);  // on the current stream, after the collective
     }
     done_ = true;
   }
@@ -65,9 +150,6 @@ class NcclWork : public Work {
  private:
   std::shared_ptr<nccl::NcclEvent> event_;
   torch::Tensor target_, work_;
-  std::string what_;
-  int rank_;
-  double timeout_s_;
   bool done_ = false;
 };
 
@@ -88,6 +170,7 @@ NcclCommunicator::NcclCommunicator(double timeout_s)
     core = std::make_unique<nccl::NcclCore>(mpi_->mpi_comm(), device);
   })->wait();
   core_ = std::move(core);
+  watchdog_ = std::make_unique<Watchdog>(*core_, device, timeout_s);
   spdlog::info("nccl backend: rank {} on CUDA device {}, {}", mpi_->rank(), device,
                nccl::nccl_version_string());
 }
@@ -106,9 +189,9 @@ std::shared_ptr<Work> NcclCommunicator::all_reduce_async(torch::Tensor& t, Reduc
   // The allocator must not hand this memory to someone else before NCCL is done with it.
   c10::cuda::CUDACachingAllocator::recordStream(
       work.storage().data_ptr(), c10::cuda::getStreamFromExternal(core_->stream(), device));
-  const std::string what = fmt::format("all_reduce({}) of {} {} elements", reduce_op_name(op),
-                                       t.numel(), c10::toString(t.scalar_type()));
-  return std::make_shared<NcclWork>(std::move(event), t, work, what, rank(), timeout_s_);
+  watchdog_->watch(event, fmt::format("all_reduce({}) of {} {} elements", reduce_op_name(op),
+                                      t.numel(), c10::toString(t.scalar_type())));
+  return std::make_shared<NcclWork>(std::move(event), t, work);
 }
 
 void NcclCommunicator::all_reduce(torch::Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
@@ -124,7 +207,9 @@ void NcclCommunicator::broadcast(torch::Tensor& t, int root) {
                                 producer.stream());
   c10::cuda::CUDACachingAllocator::recordStream(
       work.storage().data_ptr(), c10::cuda::getStreamFromExternal(core_->stream(), device));
-  NcclWork(std::move(event), t, work, "broadcast", rank(), timeout_s_).wait();
+  watchdog_->watch(event, fmt::format("broadcast of {} {} elements from rank {}", t.numel(),
+                                      c10::toString(t.scalar_type()), root));
+  NcclWork(std::move(event), t, work).wait();
 }
 
 void NcclCommunicator::barrier() {

@@ -26,10 +26,14 @@ class NcclCommunicator : public Communicator {
   int local_size() const override { return mpi_->local_size(); }
 
   // CUDA tensors: NCCL on its own stream, started after the work already queued on LibTorch's
-  // current stream (event record + stream wait) and, on wait(), LibTorch's current stream waits
-  // for it (event) before the host waits for completion with dist.timeout_s. The tensor's memory
-  // is recorded on the NCCL stream so the caching allocator does not reuse it too early.
-  // CPU tensors: delegated to MPI.
+  // current stream (event record + stream wait). wait() does not block the host: LibTorch's
+  // current stream waits for the collective's event, so kernels queued afterwards (the
+  // optimizer) see the result, and the host reads it only when something copies it back (a
+  // .item()). A watchdog thread bounds every collective by dist.timeout_s and watches for NCCL's
+  // asynchronous errors: on either it logs the operation, rank and step, aborts the NCCL
+  // communicator (ncclCommAbort, freeing kernels spinning on a dead peer) and the job (exit 1).
+  // The tensor's memory is recorded on the NCCL stream so the caching allocator does not reuse
+  // it too early. CPU tensors: delegated to MPI.
   void all_reduce(torch::Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
   void broadcast(torch::Tensor& t, int root) override;
@@ -40,10 +44,13 @@ class NcclCommunicator : public Communicator {
 
   nccl::NcclCore& core() { return *core_; }
 
+  class Watchdog;
+
  private:
   std::shared_ptr<MpiCommunicator> mpi_;
   std::unique_ptr<nccl::NcclCore> core_;
   double timeout_s_;
+  std::unique_ptr<Watchdog> watchdog_;  // declared last: stopped before core_ is destroyed
 };
 
 // Registry factory (communicator.cpp registers it as "nccl" in builds that have it).
