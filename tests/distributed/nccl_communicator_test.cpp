@@ -8,6 +8,7 @@
 #include "distributed/tiny_lm.h"
 #include "mllm/core/error.h"
 #include "mllm/distributed/data_parallel.h"
+#include "mllm/distributed/mpi_communicator.h"
 
 using namespace mllm;
 
@@ -78,4 +79,20 @@ TEST(NcclCommunicator, DataParallelStepMatchesCpuReference) {
     auto hashes = c->all_gather(mllm::test::bytes_hash(got));
     for (const auto& h : hashes) EXPECT_EQ(h, hashes[0]) << kv.key();
   }
+}
+
+TEST(MpiCommunicator, StagesCudaTensorsThroughPinnedHostMemory) {
+  // The mpi backend with CUDA tensors (ranks sharing a GPU, no NCCL): the device-to-host copy is
+  // queued without blocking the caller and must still see the kernel queued before it.
+  auto world = nccl_world();  // the MPI world is up, one GPU per rank
+  auto m = std::make_shared<MpiCommunicator>(60.0);
+  const int n = m->world_size(), r = m->rank();
+  auto t = torch::full({1 << 18}, static_cast<float>(r + 1), torch::TensorOptions().device(my_device()));
+  t.mul_(3.0f);  // queued on the current stream before the all-reduce reads t
+  m->all_reduce_async(t, ReduceOp::kSum)->wait();
+  EXPECT_DOUBLE_EQ(t.sum().item<double>(), (1 << 18) * 3.0 * n * (n + 1) / 2.0);
+  // bfloat16 goes through a float32 host copy; 0.5 * n is exact in bf16 for small n.
+  auto h = torch::full({1000}, 0.5, torch::TensorOptions().dtype(torch::kBFloat16).device(my_device()));
+  m->all_reduce_async(h, ReduceOp::kSum)->wait();
+  EXPECT_EQ(h.to(torch::kFloat).cpu()[999].item<float>(), 0.5f * n);
 }
