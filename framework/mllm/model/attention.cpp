@@ -55,7 +55,7 @@ AttentionImpl::AttentionImpl(const AttentionOptions& options)
   k_proj = register_module("k_proj", nn::Linear(nn::LinearOptions(d, kv).bias(options.bias)));
   v_proj = register_module("v_proj", nn::Linear(nn::LinearOptions(d, kv).bias(options.bias)));
   o_proj = register_module("o_proj", nn::Linear(nn::LinearOptions(d, d).bias(options.bias)));
-  attn_drop_ = register_module("attn_drop", nn::Dropout(options.attn_dropout));
+  attn_drop_ = register_module("attn_drop", Dropout(options.attn_dropout));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,

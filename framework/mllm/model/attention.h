@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include "mllm/model/dropout.h"
 
 namespace mllm {
 
@@ -78,7 +79,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   AttentionOptions options_;
   int64_t head_dim_;
-  torch::nn::Dropout attn_drop_{nullptr};
+  Dropout attn_drop_{nullptr};
 };
 TORCH_MODULE(Attention);
 

@@ -84,8 +84,8 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
   attn = register_module("attn", Attention(a));
   ffn_norm = register_module("ffn_norm", RMSNorm(o.d_model, o.norm_eps));
   ffn = register_module("ffn", SwiGLU(o.d_model, o.d_ff));
-  drop1 = register_module("drop1", torch::nn::Dropout(o.dropout));
-  drop2 = register_module("drop2", torch::nn::Dropout(o.dropout));
+  drop1 = register_module("drop1", Dropout(o.dropout));
+  drop2 = register_module("drop2", Dropout(o.dropout));
 }
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
@@ -101,7 +101,7 @@ Llama::Llama(const LlamaOptions& o)
     : options_(o), rope_(o.d_model / o.n_heads, o.max_seq_len, o.rope_theta) {
   MLLM_CHECK(o.vocab_size > 0 && o.max_seq_len > 0 && o.n_layers > 0, "bad LlamaOptions");
   tok_emb = register_module("tok_emb", torch::nn::Embedding(o.vocab_size, o.d_model));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout));
+  drop = register_module("drop", Dropout(o.dropout));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.n_layers; ++i) {
     blocks_.emplace_back(o);

@@ -11,6 +11,7 @@
 #include "mllm/core/recipe.h"
 #include "mllm/model/attention.h"
 #include "mllm/model/model.h"
+#include "mllm/model/dropout.h"
 
 namespace mllm {
 
@@ -74,7 +75,7 @@ class LlamaBlockImpl : public torch::nn::Module {
   RMSNorm attn_norm{nullptr}, ffn_norm{nullptr};
   Attention attn{nullptr};
   SwiGLU ffn{nullptr};
-  torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
+  Dropout drop1{nullptr}, drop2{nullptr};  // model/dropout.h
 };
 TORCH_MODULE(LlamaBlock);
 }  // namespace detail
@@ -103,7 +104,7 @@ class Llama : public LanguageModel {
   const LlamaOptions& options() const { return options_; }
 
   torch::nn::Embedding tok_emb{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   torch::nn::ModuleList layers{nullptr};
   detail::RMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_embeddings

@@ -64,8 +64,8 @@ MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {
   const auto ln = torch::nn::LayerNormOptions({o.d_model}).eps(o.norm_eps);
   norm1 = register_module("norm1", torch::nn::LayerNorm(ln));
   norm2 = register_module("norm2", torch::nn::LayerNorm(ln));
-  drop1 = register_module("drop1", torch::nn::Dropout(o.dropout));
-  drop2 = register_module("drop2", torch::nn::Dropout(o.dropout));
+  drop1 = register_module("drop1", Dropout(o.dropout));
+  drop2 = register_module("drop2", Dropout(o.dropout));
 }
 
 torch::Tensor MiniLLMBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
@@ -81,7 +81,7 @@ MiniLLM::MiniLLM(const MiniLLMOptions& o) : options_(o) {
   MLLM_CHECK(o.vocab_size > 0 && o.max_seq_len > 0 && o.n_layers > 0, "bad MiniLLMOptions");
   tok_emb = register_module("tok_emb", torch::nn::Embedding(o.vocab_size, o.d_model));
   pos_emb = register_module("pos_emb", torch::nn::Embedding(o.max_seq_len, o.d_model));
-  drop = register_module("drop", torch::nn::Dropout(o.dropout));
+  drop = register_module("drop", Dropout(o.dropout));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.n_layers; ++i) {
     blocks_.emplace_back(o);

@@ -12,6 +12,7 @@
 #include "mllm/core/recipe.h"
 #include "mllm/model/attention.h"
 #include "mllm/model/model.h"
+#include "mllm/model/dropout.h"
 
 namespace mllm {
 
@@ -54,7 +55,7 @@ class MiniLLMBlockImpl : public torch::nn::Module {
   Attention attn{nullptr};
   MiniLLMFeedForward ffn{nullptr};
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
+  Dropout drop1{nullptr}, drop2{nullptr};  // model/dropout.h
 };
 TORCH_MODULE(MiniLLMBlock);
 }  // namespace detail
@@ -80,7 +81,7 @@ class MiniLLM : public LanguageModel {
   const MiniLLMOptions& options() const { return options_; }
 
   torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   torch::nn::ModuleList layers{nullptr};
   torch::nn::Linear lm_head{nullptr};
 

@@ -1,0 +1,85 @@
+// Counter-based CPU dropout (see dropout.h).
+#include "mllm/model/dropout.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include "mllm/core/error.h"
+
+namespace mllm {
+namespace {
+
+// SplitMix64's output function applied to seed + (i + 1) * golden gamma: a different 64-bit
+// value for every element, independent of how the range is split across threads.
+inline uint64_t mix(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`, keep(i) = top 24 bits of
+// mix(seed, i) >= threshold.
+torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t threshold, float scale) {
+  torch::Tensor in = in_any.contiguous();
+  torch::Tensor out = torch::empty_like(in, at::MemoryFormat::Contiguous);
+  const int64_t n = in.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "mllm_dropout", [&] {
+    const scalar_t* src = in.const_data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const bool keep = static_cast<uint32_t>(mix(seed, static_cast<uint64_t>(i)) >> 40) >= threshold;
+        dst[i] = keep ? static_cast<scalar_t>(static_cast<float>(src[i]) * scale) : scalar_t(0);
+      }
+    });
+  });
+  return out;
+}
+
+struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t seed, int64_t threshold, double scale) {
+    ctx->saved_data["seed"] = seed;
+    ctx->saved_data["threshold"] = threshold;
+    ctx->saved_data["scale"] = scale;
+    return apply_mask(x, static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold),
+                      static_cast<float>(scale));
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    // d/dx (x * keep * scale) = keep * scale: the same mask, regenerated from the seed.
+    torch::Tensor g = apply_mask(grads[0], static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
+                                 static_cast<uint32_t>(ctx->saved_data["threshold"].toInt()),
+                                 static_cast<float>(ctx->saved_data["scale"].toDouble()));
+    return {g, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
+  if (!training || p == 0.0) return x;
+  if (!x.is_floating_point())
+    throw Error(fmt::format("dropout: needs a floating-point tensor, got {}", c10::toString(x.scalar_type())));
+  if (!x.device().is_cpu()) return at::dropout(x, p, /*train=*/true);
+  uint64_t seed = 0;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  const auto threshold = static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
+  return DropoutFunction::apply(x, static_cast<int64_t>(seed), threshold, 1.0 / (1.0 - p));
+}
+
+DropoutImpl::DropoutImpl(double p) : p_(p) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
+}
+
+torch::Tensor DropoutImpl::forward(const torch::Tensor& x) { return mllm::dropout(x, p_, is_training()); }
+
+}  // namespace mllm

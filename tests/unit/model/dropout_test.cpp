@@ -1,0 +1,73 @@
+// mllm::dropout (model/dropout.h): keep rate, scaling, backward with the same mask, thread-count
+// independence, reproducibility from the default generator.
+#include <gtest/gtest.h>
+
+#include "mllm/core/error.h"
+#include "mllm/model/dropout.h"
+
+namespace mllm {
+namespace {
+
+TEST(Dropout, KeepRateAndScale) {
+  torch::manual_seed(3);
+  const double p = 0.1;
+  auto x = torch::full({1 << 20}, 2.0f);
+  auto y = mllm::dropout(x, p, /*training=*/true);
+  const double kept = (y != 0).sum().item<double>() / x.numel();
+  // Binomial(2^20, 0.9): standard deviation 2.9e-4; 6 of them.
+  EXPECT_NEAR(kept, 0.9, 0.0018);
+  // Every kept element is x / (1 - p) in float32: 2 * float(1 / 0.9).
+  const float want = 2.0f * static_cast<float>(1.0 / 0.9);
+  EXPECT_TRUE(((y == 0) | (y == want)).all().item<bool>());
+}
+
+TEST(Dropout, IdentityWhenEvaluatingOrPZero) {
+  auto x = torch::randn({4, 5});
+  EXPECT_TRUE(mllm::dropout(x, 0.3, /*training=*/false).equal(x));
+  EXPECT_TRUE(mllm::dropout(x, 0.0, /*training=*/true).equal(x));
+  EXPECT_THROW(mllm::dropout(x, 1.0, true), Error);
+  EXPECT_THROW(mllm::dropout(x, -0.1, true), Error);
+}
+
+TEST(Dropout, BackwardUsesTheForwardMask) {
+  torch::manual_seed(5);
+  // Non-contiguous input (a transpose) and a non-contiguous upstream gradient.
+  auto base = torch::rand({64, 33}) + 0.5;
+  auto x = base.t().clone().t().requires_grad_(true);  // [64, 33] with transposed strides
+  auto y = mllm::dropout(x, 0.25, true);
+  auto w = torch::rand({33, 64}).t();
+  (y * w).sum().backward();
+  // dy/dx = keep / (1 - p): where y kept x * (4/3), the gradient is w * (4/3); elsewhere 0.
+  auto keep = (y != 0);
+  auto want = torch::where(keep, w * static_cast<float>(1.0 / 0.75), torch::zeros_like(w));
+  EXPECT_TRUE(torch::allclose(x.grad(), want, 0, 0)) << (x.grad() - want).abs().max();
+  EXPECT_TRUE(torch::allclose(y.detach(), torch::where(keep, x.detach() * static_cast<float>(1.0 / 0.75),
+                                                       torch::zeros_like(w)), 0, 0));
+}
+
+TEST(Dropout, SameMaskAtAnyThreadCountAndReproducibleFromTheSeed) {
+  const int threads = torch::get_num_threads();
+  auto x = torch::ones({3, 100000});
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  auto a = mllm::dropout(x, 0.5, true);
+  auto a2 = mllm::dropout(x, 0.5, true);  // the generator moved on: another mask
+  torch::set_num_threads(std::max(2, threads));
+  torch::manual_seed(11);
+  auto b = mllm::dropout(x, 0.5, true);
+  torch::set_num_threads(threads);
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_FALSE(a.equal(a2));
+}
+
+TEST(Dropout, BFloat16KeepsDtype) {
+  torch::manual_seed(2);
+  auto x = torch::full({1000}, 1.5, torch::kBFloat16);
+  auto y = mllm::dropout(x, 0.5, true);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  // 1.5 * 2 = 3 is exact in bfloat16.
+  EXPECT_TRUE(((y == 0) | (y == 3.0)).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace mllm
