@@ -1,6 +1,7 @@
 // MLLM_FAULT parsing and lookup (see fault.h for the grammar).
 #include "mllm/core/fault.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>

@@ -1,6 +1,10 @@
 // Counter-based CPU dropout (see dropout.h).
 #include "mllm/model/dropout.h"
 
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
