@@ -15,14 +15,18 @@
 # prints every run and the ratio of medians (ours / PyTorch).
 # PY (default: the project's .venv Python) must hold the torch mllm links (2.11); BUILD defaults
 # to build/. Environment: MLLM_PEER_DIR (default <repo>/../shared/peer).
+# Same BLAS code path: when mllm-train's start-up check corrects the BLAS (oneMKL's generic path
+# on a non-Intel CPU, an OpenBLAS generic core; framework/mllm/core/blas.h), the peer runs with
+# the same correction (LD_PRELOAD of libmllm_mkl_cpu.so, or OPENBLAS_CORETYPE), and the script
+# prints the path both run. --peer-blas default leaves the peer on its library's own choice.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PEER_DIR="${MLLM_PEER_DIR:-$ROOT/../shared/peer}"
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { usage; exit 0; }
 [ $# -ge 2 ] || { usage >&2; exit 2; }
 SHAPE=$1 NP=$2; shift 2
-ROUNDS=3 THREADS="" BF16=0 BUILD="$ROOT/build" PY="$ROOT/.venv/bin/python3"
+ROUNDS=3 THREADS="" BF16=0 BUILD="$ROOT/build" PY="$ROOT/.venv/bin/python3" PEER_BLAS=same
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift ;;
@@ -30,10 +34,12 @@ while [ $# -gt 0 ]; do
     --bf16) BF16=1 ;;
     --build) BUILD="$2"; shift ;;
     --python) PY="$2"; shift ;;
+    --peer-blas) PEER_BLAS="$2"; shift ;;
     *) echo "compare_pytorch.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
+case "$PEER_BLAS" in same|default) ;; *) echo "compare_pytorch.sh: --peer-blas must be same or default, not '$PEER_BLAS'" >&2; exit 2 ;; esac
 case "$SHAPE" in mini|small) ;; *) echo "compare_pytorch.sh: SHAPE must be mini or small, not '$SHAPE'" >&2; exit 2 ;; esac
 [[ "$NP" =~ ^[1-9][0-9]*$ ]] || { echo "compare_pytorch.sh: NP must be a positive integer, not '$NP'" >&2; exit 2; }
 [ -x "$BUILD/bin/mllm-train" ] || { echo "compare_pytorch.sh: $BUILD/bin/mllm-train not found (--build)" >&2; exit 2; }
@@ -73,8 +79,9 @@ v = [json.loads(l)["tokens_per_s"] for l in open(sys.argv[1]) if '"tokens_per_s"
 print(f"{statistics.median(v[3:]):.0f}")
 PY
 }
+PEER_ENV=()
 peer() {  # -> tokens per step / median step time, as for ours
-  launch "$PY" "$PEER_DIR/ddp_ref.py" --vocab $VOCAB --d-model $D --n-heads $H --n-layers $L \
+  launch env "${PEER_ENV[@]}" "$PY" "$PEER_DIR/ddp_ref.py" --vocab $VOCAB --d-model $D --n-heads $H --n-layers $L \
     --d-ff $FF --seq-len $T --micro-batch $MB --accum $ACC --steps $STEPS --threads "$THREADS" \
     --port $((29500 + RANDOM % 1000)) "${PEER_BF16[@]}" > "$WORK/peer.log" 2>&1 ||
     { tail -5 "$WORK/peer.log" >&2; echo "compare_pytorch.sh: ddp_ref.py failed" >&2; exit 1; }
@@ -89,6 +96,26 @@ echo "shape $SHAPE, $NP rank(s) x $THREADS thread(s), $PRECISION, $ROUNDS rounds
 A=() B=()
 # Prepare the data once, outside the timing.
 ours > /dev/null
+blas=$(grep -m1 -o "BLAS .*code path.*" "$WORK/ours/logs/rank_00.log" || true)
+echo "mllm:    ${blas:-no BLAS line in the log}"
+if [ "$PEER_BLAS" = same ] && grep -q "corrected: .* -> " <<<"$blas"; then
+  if grep -q -- "-> oneMKL" <<<"$blas"; then
+    PEER_ENV=("LD_PRELOAD=$BUILD/framework/libmllm_mkl_cpu.so${LD_PRELOAD:+:$LD_PRELOAD}")
+  else
+    core=$(sed -E 's/.*-> OpenBLAS [^ ]+ ([A-Za-z0-9]+).*/\1/' <<<"$blas")
+    PEER_ENV=("OPENBLAS_CORETYPE=$core")
+  fi
+fi
+peer_path=$(env "${PEER_ENV[@]}" "$PY" -c '
+import ctypes, os, torch
+lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+try:
+    b = lib.mkl_serv_cbwr_get_auto_branch()
+    print(f"oneMKL CBWR branch {b} (mkl_cbwr.h: 2 generic, 10 AVX2, 12 AVX-512, 14 AVX-512 + VNNI/bf16)")
+except AttributeError:
+    print("BLAS " + torch.__config__.show().split("BLAS_INFO=")[-1].split(",")[0])
+' 2>/dev/null || true)
+echo "pytorch: ${PEER_ENV[*]:-library default}; ${peer_path:-path unknown}"
 for round in $(seq 1 "$ROUNDS"); do
   a=$(ours); A+=("$a")
   b=$(peer); B+=("$b")

@@ -3,7 +3,9 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
+#include "mllm/core/blas.h"
 #include "mllm/core/plugin.h"
 #include "mllm/core/recipe.h"
 #include "mllm/data/tokenizer.h"
@@ -14,6 +16,8 @@
 #include "mllm/train/checkpoint.h"
 
 int main(int argc, char** argv) {
+  // Before anything else (MPI, threads): may re-execute this program once with a faster BLAS.
+  mllm::ensure_fast_blas(argv);
   CLI::App app{"mllm-generate: continue a prompt with a model from an mllm checkpoint.",
                "mllm-generate"};
   std::string checkpoint, prompt;
@@ -47,6 +51,8 @@ int main(int argc, char** argv) {
                                                    folder + "/recipe.yaml");
     mllm::load_plugins(recipe.plugins);  // the model may come from a plugin
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+    if (mllm::blas_startup_note().warn) spdlog::warn("{}", mllm::describe_blas());
+    else spdlog::info("{}", mllm::describe_blas());
     auto tokenizer = mllm::load_tokenizer(mllm::checkpoint_tokenizer_path(folder));
     auto model = mllm::model_registry().create(recipe.model.type, recipe.model,
                                                tokenizer->vocab_size(), recipe.max_seq_len());

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mllm/core/blas.h"
 #include "mllm/core/recipe.h"
 #include "mllm/distributed/communicator.h"
 #include "mllm/train/device.h"
@@ -11,6 +12,8 @@
 #include "mllm/train/trainer.h"
 
 int main(int argc, char** argv) {
+  // Before anything else (MPI, threads): may re-execute this program once with a faster BLAS.
+  mllm::ensure_fast_blas(argv);
   CLI::App app{
       "mllm-train: train a decoder-only language model from a YAML recipe.\n"
       "Run under mpirun for data parallelism: mpirun -np 8 mllm-train recipes/mini.yaml\n"

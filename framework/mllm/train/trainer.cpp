@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "mllm/core/blas.h"
 #include "mllm/core/error.h"
 #include "mllm/core/fault.h"
 #include "mllm/core/logging.h"
@@ -337,6 +338,10 @@ void Trainer::build() {
     at::globalContext().setAllowTF32CuDNN(r.train.tf32);
   }
   spdlog::info("{}", describe_libtorch(device_));
+  // The CPU's BLAS (also on a GPU run: it serves the CPU-side math); a warning when it runs
+  // slower than the CPU allows and nothing corrected it (core/blas.h).
+  if (blas_startup_note().warn) spdlog::warn("{}", describe_blas());
+  else spdlog::info("{}", describe_blas());
 
   // Data: rank 0 tokenizes and writes shards once; the others wait at the barrier.
   int64_t need_prepare = 0;
@@ -445,6 +450,22 @@ void Trainer::build() {
                                      torch::kFloat64);
   comm.all_reduce(peak, ReduceOp::kSum);
   peak_flops_ = peak.item<double>();
+  const bool bf16 = r.train.precision == "bf16";
+  spdlog::info("MFU peak {} = measured {} GEMM (n={}) {}, summed over {} rank(s)",
+               peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
+                                   : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9), bf16 ? "bf16" : "fp32", device_.is_cuda() ? 8192 : 1024,
+               device_.is_cuda() ? "on " + device_.str()
+                                 : fmt::format("with {} {} on {} thread(s)", probe_blas().library,
+                                               probe_blas().path, at::get_num_threads()),
+               world);
+  if (bf16 && device_.is_cpu()) {
+    const double fp32 = measure_peak_flops(false, device_);
+    const double mine = peak.item<double>() / world;
+    if (mine < fp32)
+      spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM ({:.1f} GFLOP/s) is slower than "
+                   "its fp32 GEMM ({:.1f} GFLOP/s; {}): bf16 will train slower than fp32 here; "
+                   "use train.precision=fp32", mine / 1e9, fp32 / 1e9, detect_cpu_isa().describe());
+  }
 }
 
 void Trainer::resume_from(const std::string& folder) {
