@@ -1,6 +1,8 @@
-// Summed token cross-entropy that ignores pad targets.
+// Summed token cross-entropy that ignores pad targets, as one autograd node: the forward pass
+// keeps the softmax it computes, the backward pass turns it into the gradient in place.
 #include "mllm/model/loss.h"
 
+#include <algorithm>
 #include <string>
 
 #include "mllm/core/error.h"
@@ -14,6 +16,67 @@ std::string shape_of(const torch::Tensor& t) {
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
+
+// Rows per chunk on CPU: about 1 MiB of float32 logits, so that the max, exp, sum and scale
+// passes over a chunk run in cache instead of streaming the whole [rows, vocab] matrix four
+// times. On an accelerator one chunk (each op is one kernel launch there).
+int64_t chunk_rows(const torch::Tensor& x) {
+  if (!x.device().is_cpu()) return std::max<int64_t>(1, x.size(0));
+  return std::max<int64_t>(1, (int64_t{1} << 18) / x.size(1));
+}
+
+// x [rows, vocab] float32 contiguous, targets [rows] int64 -> per-row loss [rows] float32
+// (lse - x[target], 0 on pad rows). When `probs` is defined ([rows, vocab] float32) it
+// receives softmax(x); one exp per element either way.
+torch::Tensor row_losses(const torch::Tensor& x, const torch::Tensor& targets,
+                         const torch::Tensor& probs) {
+  const int64_t rows = x.size(0), vocab = x.size(1), step = chunk_rows(x);
+  torch::Tensor lse = torch::empty({rows}, x.options());
+  torch::Tensor scratch;
+  if (!probs.defined()) scratch = torch::empty({std::min(step, rows), vocab}, x.options());
+  for (int64_t start = 0; start < rows; start += step) {
+    const int64_t n = std::min(step, rows - start);
+    torch::Tensor xc = x.narrow(0, start, n);
+    torch::Tensor pc = probs.defined() ? probs.narrow(0, start, n) : scratch.narrow(0, 0, n);
+    torch::Tensor max = xc.amax(1, /*keepdim=*/true);  // [n, 1]
+    at::sub_out(pc, xc, max).exp_();
+    torch::Tensor sum = pc.sum(1, /*keepdim=*/true);
+    lse.narrow(0, start, n).copy_((sum.log() + max).squeeze(1));
+    if (probs.defined()) pc.div_(sum);
+  }
+  torch::Tensor target_logit = x.gather(1, targets.unsqueeze(1)).squeeze(1);
+  return (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0);
+}
+
+// loss = sum over non-pad rows of -log softmax(x)[target]; d loss / d x = softmax(x) - onehot
+// on non-pad rows, 0 on pad rows (the derivative of log-sum-exp).
+class SummedCrossEntropy : public torch::autograd::Function<SummedCrossEntropy> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& targets) {
+    torch::Tensor probs = torch::empty_like(x);
+    torch::Tensor loss = row_losses(x, targets, probs).sum();
+    ctx->save_for_backward({probs, targets});
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    MLLM_CHECK(!ctx->saved_data.count("used"),
+               "lm_loss_sum: backward ran twice through one loss (retain_graph is not supported: "
+               "the saved softmax becomes the gradient in place)");
+    ctx->saved_data["used"] = true;
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor grad = saved[0];  // softmax [rows, vocab], turned into the gradient in place
+    const torch::Tensor& targets = saved[1];
+    // Per-row factor: the upstream gradient on real targets, 0 on pad targets.
+    torch::Tensor scale =
+        targets.ne(kPadId).to(grad.scalar_type()).mul_(grad_out[0].to(grad.scalar_type()))
+            .unsqueeze(1);  // [rows, 1]
+    grad.mul_(scale).scatter_add_(1, targets.unsqueeze(1), scale.neg());
+    return {grad, torch::Tensor()};
+  }
+};
 }  // namespace
 
 torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -25,9 +88,18 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
     throw Error("lm_loss_sum: targets must be int64, got " +
                 std::string(c10::toString(targets.scalar_type())));
   const int64_t vocab = logits.size(2);
-  namespace F = torch::nn::functional;
-  return F::cross_entropy(logits.reshape({-1, vocab}).to(torch::kFloat), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(kPadId).reduction(torch::kSum));
+  torch::Tensor x = logits.reshape({-1, vocab}).to(torch::kFloat).contiguous();
+  torch::Tensor t = targets.reshape({-1}).contiguous();
+  if (t.numel() > 0 && t.device().is_cpu()) {  // (on a GPU, gather's device assert)
+    auto [lo, hi] = torch::aminmax(t);
+    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= vocab)
+      throw Error("lm_loss_sum: target ids must be in [0, " + std::to_string(vocab) + "), got " +
+                  std::to_string(lo.item<int64_t>()) + ".." + std::to_string(hi.item<int64_t>()));
+  }
+  if (torch::GradMode::is_enabled() && x.requires_grad())
+    return SummedCrossEntropy::apply(x, t);
+  torch::NoGradGuard no_grad;
+  return row_losses(x, t, torch::Tensor()).sum();
 }
 
 int64_t count_targets(const torch::Tensor& targets) {

@@ -349,5 +349,45 @@ TEST(LossTest, HandComputedCrossEntropy) {
   EXPECT_EQ(lm_loss_sum(logits.to(torch::kBFloat16), targets).scalar_type(), torch::kFloat);
 }
 
+TEST(LossTest, HandComputedGradientAndChunkBoundaries) {
+  // d/dx of the summed loss is softmax(x) - onehot(target) on real rows, 0 on pad rows, times
+  // the upstream gradient. Row 1 of the first sequence: softmax (0.1, 0.2, 0.3, 0.4) with
+  // target 3 -> (0.1, 0.2, 0.3, -0.6); the uniform row with target 2 -> (0.25, 0.25, -0.75,
+  // 0.25). Upstream gradient 2 (the trainer's loss scale).
+  auto logits = torch::zeros({2, 2, 4});
+  logits[1][0] = torch::log(torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}));
+  logits.requires_grad_(true);
+  auto targets = torch::tensor({2, 0, 3, 0}, torch::kLong).view({2, 2});
+  (lm_loss_sum(logits, targets) * 2.0).backward();
+  auto expected = torch::zeros({2, 2, 4});
+  expected[0][0] = torch::tensor({0.5f, 0.5f, -1.5f, 0.5f});
+  expected[1][0] = torch::tensor({0.2f, 0.4f, 0.6f, -1.2f});
+  EXPECT_LE((logits.grad() - expected).abs().max().item<double>(), 1e-6);
+
+  // A loss can be backpropagated once (its softmax buffer becomes the gradient).
+  auto again = lm_loss_sum(logits, targets);
+  again.backward(torch::Tensor(), /*retain_graph=*/true);
+  EXPECT_THROW(again.backward(), std::exception);
+
+  // Many rows of a wide vocabulary (several CPU chunks of 2^18 logits, a ragged last one):
+  // value and gradient against float64 log-softmax computed by the formula, not by this code.
+  const int64_t rows = 301, vocab = 3000;
+  auto x = torch::randn({1, rows, vocab}, torch::kDouble) * 3.0;
+  auto t = torch::randint(0, vocab, {1, rows}, torch::kLong);
+  auto x32 = x.to(torch::kFloat).requires_grad_(true);
+  auto loss = lm_loss_sum(x32, t);
+  loss.backward();
+  auto logp = x - torch::logsumexp(x, -1, /*keepdim=*/true);
+  auto real = t.ne(kPadId);
+  const double want = -(logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+  EXPECT_NEAR(loss.item<double>(), want, 1e-6 * std::abs(want));
+  auto grad = logp.exp() - torch::one_hot(t, vocab).to(torch::kDouble);
+  grad = grad * real.unsqueeze(-1);
+  EXPECT_LE((x32.grad().to(torch::kDouble) - grad).abs().max().item<double>(), 1e-6);
+  auto bad = t.clone();
+  bad[0][7] = vocab;
+  EXPECT_THROW(lm_loss_sum(x32.detach(), bad), Error);
+}
+
 }  // namespace
 }  // namespace mllm
