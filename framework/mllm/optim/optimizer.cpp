@@ -1,9 +1,59 @@
 // AdamW with decay / no-decay parameter groups, and the optimizer registry.
 #include "mllm/optim/optimizer.h"
 
+#include <map>
+
+#include <ATen/ops/_fused_adamw.h>
+
 #include "mllm/core/error.h"
 
 namespace mllm {
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  for (auto& group : param_groups())  // (the factory never sets amsgrad)
+    if (static_cast<torch::optim::AdamWOptions&>(group.options()).amsgrad())
+      return torch::optim::AdamW::step(closure);
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    // One float32 step tensor per (device, step) for the whole group: the kernel reads them.
+    std::map<std::pair<std::string, int64_t>, torch::Tensor> step_tensors;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      MLLM_CHECK(!p.grad().is_sparse(), "adamw: sparse gradients are not supported");
+      auto& slot = state()[p.unsafeGetTensorImpl()];
+      if (!slot) {  // as torch::optim::AdamW: zero moments, step 0
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        slot = std::move(st);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
+      st.step(st.step() + 1);
+      auto& t = step_tensors[{p.device().str(), st.step()}];
+      if (!t.defined())
+        t = torch::full({}, static_cast<double>(st.step()),
+                        torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(st.exp_avg());
+      exp_avg_sqs.push_back(st.exp_avg_sq());
+      steps.push_back(t);
+    }
+    if (params.empty()) continue;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+  return loss;
+}
 
 namespace {
 bool decays(const OptimConfig& cfg, const NamedParam& p) {
@@ -39,8 +89,7 @@ void register_builtin_optimizers() {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(decay, options(cfg.weight_decay));
     groups.emplace_back(no_decay, options(0.0));
-    return std::make_shared<torch::optim::AdamW>(std::move(groups),
-                                                 torch::optim::AdamWOptions(cfg.lr));
+    return std::make_shared<FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(cfg.lr));
   });
 }
 

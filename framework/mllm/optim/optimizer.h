@@ -27,13 +27,25 @@ struct NamedParam {
 std::pair<std::vector<std::string>, std::vector<std::string>> weight_decay_split(
     const OptimConfig& cfg, const std::vector<NamedParam>& params);
 
+// torch::optim::AdamW (Loshchilov & Hutter 2019, decoupled weight decay; the same options,
+// state and checkpoint format) whose step() updates each parameter group with one call of
+// ATen's fused multi-tensor kernel (at::_fused_adamw_, the kernel behind PyTorch's
+// AdamW(fused=True)): one pass over each parameter, gradient and both moments, instead of
+// torch::optim::AdamW's eight tensor ops per parameter. Same arithmetic up to float32
+// rounding. amsgrad falls back to the per-tensor step. Throws mllm::Error on a sparse gradient.
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
 // Factory: (optim section, parameters) -> optimizer with two groups (decay, no decay), lr set
 // to optim.lr (the schedule overwrites it every step via set_lr()).
 using OptimizerRegistry =
     Registry<torch::optim::Optimizer, const OptimConfig&, const std::vector<NamedParam>&>;
 OptimizerRegistry& optimizer_registry();
 
-// Registers "adamw" (torch::optim::AdamW: Loshchilov & Hutter 2019, decoupled weight decay).
+// Registers "adamw" (FusedAdamW).
 void register_builtin_optimizers();
 
 // Sets the learning rate of every parameter group. Throws mllm::Error for an optimizer whose
