@@ -24,8 +24,8 @@ inline uint64_t mix(uint64_t seed, uint64_t i) {
   return z ^ (z >> 31);
 }
 
-// out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`, keep(i) = top 24 bits of
-// mix(seed, i) >= threshold.
+// out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`. One 64-bit hash serves two
+// elements: keep(2j) = bits 40..63 of mix(seed, j) >= threshold, keep(2j+1) = bits 16..39.
 torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t threshold, float scale) {
   torch::Tensor in = in_any.contiguous();
   torch::Tensor out = torch::empty_like(in, at::MemoryFormat::Contiguous);
@@ -33,10 +33,16 @@ torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t th
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "mllm_dropout", [&] {
     const scalar_t* src = in.const_data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
-    at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const bool keep = static_cast<uint32_t>(mix(seed, static_cast<uint64_t>(i)) >> 40) >= threshold;
-        dst[i] = keep ? static_cast<scalar_t>(static_cast<float>(src[i]) * scale) : scalar_t(0);
+    auto keep_scaled = [&](int64_t i, uint32_t bits) {
+      dst[i] = bits >= threshold ? static_cast<scalar_t>(static_cast<float>(src[i]) * scale)
+                                 : scalar_t(0);
+    };
+    // Grain and split points are even, so every pair is handled by one thread.
+    at::parallel_for(0, (n + 1) / 2, 1 << 13, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        const uint64_t h = mix(seed, static_cast<uint64_t>(j));
+        keep_scaled(2 * j, static_cast<uint32_t>(h >> 40));
+        if (2 * j + 1 < n) keep_scaled(2 * j + 1, static_cast<uint32_t>(h >> 16) & 0xFFFFFFu);
       }
     });
   });

@@ -2,8 +2,9 @@
 // mask element from the generator (about 10 ns per element here: 42 ms for the 4.2 M attention
 // probabilities of one layer of the small shape, about a third of its forward pass). This one
 // takes a single 64-bit seed from the default CPU generator per call and derives element i's
-// keep bit from a counter-based hash of (seed, i) — SplitMix64 (Steele, Lea, Flood, "Fast
-// splittable pseudorandom number generators", OOPSLA 2014) — in parallel, so:
+// keep bit from a counter-based hash of (seed, i / 2) — SplitMix64 (Steele, Lea, Flood, "Fast
+// splittable pseudorandom number generators", OOPSLA 2014), two 24-bit fields of each 64-bit
+// output for elements 2j and 2j + 1 — in parallel, so:
 //   - the mask does not depend on the thread count, and resume stays exact (the generator
 //     advances by one draw per call and is saved in checkpoints as before);
 //   - backward regenerates the mask from the seed instead of keeping it in memory.
