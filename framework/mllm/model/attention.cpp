@@ -101,7 +101,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   // float32 softmax even under bf16 autocast; -1e9 rather than -inf keeps all-masked rows
   // finite (uniform), exactly as the PyTorch reference.
-  scores = scores.to(torch::kFloat).masked_fill(blocked, -1e9);
+  // (In place: `scores` is a fresh tensor here — the division's or the cast's output — that
+  // autograd does not keep.)
+  scores = scores.to(torch::kFloat).masked_fill_(blocked, -1e9);
   auto attn = torch::softmax(scores, -1);
   if (options_.attn_dropout > 0) attn = attn_drop_(attn);
   auto out = torch::matmul(attn.to(v.scalar_type()), v);  // [b, h, t, hd]
