@@ -1,10 +1,12 @@
 // train.device: CUDA availability, per-rank device choice, synchronisation for timings.
 #include "mllm/train/device.h"
 
+#include <malloc.h>
 #include <sched.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -80,6 +82,18 @@ int usable_cpus() {
   const int quota = cgroup_cpu_limit("/sys/fs/cgroup");
   if (quota > 0) cpus = std::min(cpus, quota);
   return std::max(1, cpus);
+}
+
+std::string keep_freed_cpu_memory() {
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
+    if (std::getenv(v) != nullptr) return "";
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (preload != nullptr && (std::strstr(preload, "jemalloc") || std::strstr(preload, "tcmalloc")))
+    return "";
+  const bool ok = ::mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && ::mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return ok ? "CPU allocator: glibc malloc keeps freed memory for reuse (mmap threshold 32 MiB, "
+              "trim threshold 1 GiB; MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ override)"
+            : "";
 }
 
 }  // namespace mllm

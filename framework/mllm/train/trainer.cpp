@@ -338,6 +338,8 @@ void Trainer::build() {
     at::globalContext().setAllowTF32CuDNN(r.train.tf32);
   }
   spdlog::info("{}", describe_libtorch(device_));
+  if (const std::string malloc_note = keep_freed_cpu_memory(); !malloc_note.empty())
+    spdlog::info("{}", malloc_note);
   // The CPU's BLAS (also on a GPU run: it serves the CPU-side math); a warning when it runs
   // slower than the CPU allows and nothing corrected it (core/blas.h).
   if (blas_startup_note().warn) spdlog::warn("{}", describe_blas());
