@@ -61,7 +61,7 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const AttentionOptions& options);
 
   // x [batch, seq, d_model] -> [batch, seq, d_model] (dtype follows autocast / the weights).
-  // blocked [batch, 1, seq, keys] bool, true = masked; keys = cached length + seq. Undefined
+  // blocked [batch or 1, 1, seq, keys] bool, true = masked; keys = cached length + seq. Undefined
   // (sdpa only): causal, no padding, no cache.
   // rope: rotary tables applied to q and k at positions offset.. (nullptr: none).
   // cache_k / cache_v: when non-null, this call's keys and values are appended to them

@@ -3,6 +3,9 @@
 #include "mllm/model/model.h"
 
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <unordered_set>
 
 #include "mllm/core/error.h"
@@ -67,18 +70,41 @@ void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
   }
 }
 
+namespace {
+// [1, 1, query_len, s] bool, true where key j is in the future of query i (j > offset + i).
+// Training and evaluation ask for the same few shapes every step: those (offset 0) are built
+// once and shared (read-only); decoding offsets are built on each call.
+torch::Tensor future_mask(int64_t query_len, int64_t s, int64_t offset,
+                          const torch::TensorOptions& options) {
+  auto build = [&] {
+    return torch::ones({query_len, s}, options).triu(offset + 1).view({1, 1, query_len, s});
+  };
+  if (offset != 0) return build();
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, std::string>, torch::Tensor> cache;
+  const auto key = std::make_tuple(query_len, s, options.device().str());
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= 32) cache.clear();  // bounded: a few shapes per run in practice
+  return cache.emplace(key, build()).first->second;
+}
+}  // namespace
+
 torch::Tensor attention_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset,
                              bool sdpa) {
-  if (sdpa && offset == 0 && key_pad.size(1) == query_len && !key_pad.any().item<bool>())
-    return {};
+  // Whether any key is padding: a cheap host-side test on the CPU; on an accelerator only where
+  // it pays (sdpa's is_causal path), since it reads a value back from the device.
+  const bool full_causal = offset == 0 && key_pad.size(1) == query_len;
+  if ((sdpa || key_pad.device().is_cpu()) && full_causal && !key_pad.any().item<bool>())
+    return sdpa ? torch::Tensor() : future_mask(query_len, query_len, 0, key_pad.options());
   return blocked_mask(key_pad, query_len, offset);
 }
 
 torch::Tensor blocked_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset) {
   const int64_t b = key_pad.size(0), s = key_pad.size(1);
   // Query i (absolute position offset + i) may see key j when j <= offset + i.
-  auto future = torch::ones({query_len, s}, key_pad.options()).triu(offset + 1);
-  return future.view({1, 1, query_len, s}) | key_pad.view({b, 1, 1, s});
+  return future_mask(query_len, s, offset, key_pad.options()) | key_pad.view({b, 1, 1, s});
 }
 
 void check_tokens(const torch::Tensor& tokens, int64_t offset, int64_t max_seq_len,

@@ -102,9 +102,11 @@ void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
 // [batch, 1, T, S] bool, true where the key must be masked (in the future or padding).
 // key_pad: [batch, S] bool, true where the key token is kPadId.
 torch::Tensor blocked_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset);
-// The mask the attention layers get: undefined (plain causal attention, sdpa's is_causal) when
-// `sdpa` and no key is padding and no cache offsets the queries; blocked_mask() otherwise.
-// With sdpa on CUDA this reads one bool back from the device (whether any key is padding).
+// The mask the attention layers get when no cache offsets the queries and no key is padding
+// (packed training batches): undefined with `sdpa` (sdpa's is_causal), else the causal mask
+// [1, 1, T, T] alone, built once per shape and shared. blocked_mask() otherwise (also for
+// eager attention on an accelerator, to avoid reading back from the device). With sdpa on CUDA
+// this reads one bool back from the device (whether any key is padding).
 torch::Tensor attention_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset,
                              bool sdpa);
 
