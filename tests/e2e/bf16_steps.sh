@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# train.precision=bf16 (CPU autocast, float32 master weights and loss) with gradient accumulation:
+# the losses must follow the float32 run of the same batches and the bf16 run without
+# accumulation, step by step. Guards any bf16 weight-copy scheme against stale copies (the
+# weights a step's forward uses must be the ones the previous optimizer step wrote).
+source "$(dirname "$0")/common.sh"
+common=(model.dropout=0.0 train.max_steps=10 train.global_batch=8 optim.lr=1e-2
+        schedule.warmup_steps=0 eval.every_steps=0 checkpoint.every_steps=0 checkpoint.resume=none)
+train 1 "$WORK/fp32" "${common[@]}" train.micro_batch=4 > "$WORK/fp32.log" 2>&1 || { tail "$WORK/fp32.log"; fail "fp32 run"; }
+train 1 "$WORK/acc2" "${common[@]}" train.micro_batch=4 train.precision=bf16 > "$WORK/acc2.log" 2>&1 ||
+  { tail "$WORK/acc2.log"; fail "bf16 run with accumulation 2"; }
+train 1 "$WORK/acc1" "${common[@]}" train.micro_batch=8 train.precision=bf16 > "$WORK/acc1.log" 2>&1 ||
+  { tail "$WORK/acc1.log"; fail "bf16 run without accumulation"; }
+python3 - "$WORK/fp32/metrics.jsonl" "$WORK/acc2/metrics.jsonl" "$WORK/acc1/metrics.jsonl" <<'PY' || fail "bf16 losses"
+import json, sys
+def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+f32, acc2, acc1 = (losses(p) for p in sys.argv[1:])
+assert len(f32) == len(acc2) == len(acc1) == 10, (len(f32), len(acc2), len(acc1))
+drop = f32[0] - f32[-1]
+print("fp32      ", " ".join(f"{x:.4f}" for x in f32))
+print("bf16 acc 2", " ".join(f"{x:.4f}" for x in acc2))
+print("bf16 acc 1", " ".join(f"{x:.4f}" for x in acc1))
+assert drop > 0.5, f"the float32 run should learn in 10 steps at lr 1e-2 (drop {drop:.3f})"
+for i, (a, b, c) in enumerate(zip(f32, acc2, acc1), 1):
+    # bf16 has 8 mantissa bits: per-step losses within 2% of float32 and of each other.
+    assert abs(b - a) <= 0.02 * a, f"step {i}: bf16 {b} vs fp32 {a}"
+    assert abs(b - c) <= 0.02 * c, f"step {i}: accumulation 2 {b} vs 1 {c}"
+PY
+echo PASS
