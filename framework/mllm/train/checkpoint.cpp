@@ -296,8 +296,30 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
   if (resume == "none") return std::nullopt;
   if (resume != "auto") {
     fs::path p(resume);
-    if (fs::exists(p / kLatest)) p = p / read_latest(p);
-    else if (fs::exists(p / "checkpoints" / kLatest)) p = p / "checkpoints" / read_latest(p / "checkpoints");
+    if (!fs::exists(p)) throw CheckpointError(fmt::format("{}: no such file or folder", resume));
+    if (p.filename() == kLatest && fs::is_regular_file(p)) {  // checkpoints/latest itself
+      p = p.parent_path() / read_latest(p.parent_path());
+    } else if (fs::exists(p / kLatest)) {
+      p = p / read_latest(p);
+    } else if (fs::exists(p / "checkpoints" / kLatest)) {
+      p = p / "checkpoints" / read_latest(p / "checkpoints");
+    } else if (!fs::exists(p / "manifest.json")) {
+      // Not a checkpoint: say what the folder is instead of "cannot read .../manifest.json".
+      const bool run_dir = fs::is_directory(p / "checkpoints") || fs::exists(p / "metrics.jsonl");
+      const fs::path dir = run_dir ? p / "checkpoints" : p;
+      const auto steps = list_checkpoints(dir);  // newest first
+      if (run_dir && steps.empty())
+        throw CheckpointError(fmt::format(
+            "{} is a run folder without checkpoints: the run saved none (checkpoint.every_steps) "
+            "or was stopped before its first save", resume));
+      if (!steps.empty())
+        throw CheckpointError(fmt::format(
+            "{} has checkpoint folders but no `latest` file (an interrupted save?); name one of "
+            "them, e.g. {}", dir.string(), steps.front().second.string()));
+      throw CheckpointError(fmt::format(
+          "{} is not a checkpoint (no manifest.json), a checkpoints folder or a run folder "
+          "(neither has `latest`)", resume));
+    }
     verify_checkpoint(p.string());
     return p.string();
   }

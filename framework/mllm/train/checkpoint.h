@@ -66,8 +66,9 @@ void verify_checkpoint(const std::string& folder);
 // Picks the checkpoint to resume from. `resume`: "none" -> nullopt; "auto" -> the folder named
 // by checkpoints_dir/latest if it verifies, else the newest step_* folder that verifies (with a
 // warning naming what was skipped and why), else nullopt; any other value is a path (a
-// checkpoint folder, or a checkpoints dir / run dir containing `latest`) that must verify —
-// otherwise CheckpointError.
+// checkpoint folder, a `latest` file, or a checkpoints dir / run dir containing `latest`) that
+// must verify — otherwise CheckpointError, which says what the path is when it is no
+// checkpoint (missing, a run folder without checkpoints, step folders without `latest`).
 std::optional<std::string> find_resume_checkpoint(const std::string& resume,
                                                   const std::string& checkpoints_dir);
 

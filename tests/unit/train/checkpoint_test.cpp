@@ -75,3 +75,35 @@ TEST(Checkpoint, VerifyNamesTheBadFile) {
   }
   fs::remove_all(dir);
 }
+
+TEST(Checkpoint, ResumePathsAcceptLatestAndNameWhatIsMissing) {
+  // run/checkpoints/step_000002 is a valid (one-file) checkpoint, named by run/checkpoints/latest.
+  const fs::path run = fs::temp_directory_path() / ("mllm_run_" + std::to_string(::getpid()));
+  const fs::path ck = run / "checkpoints" / "step_000002";
+  fs::create_directories(ck);
+  std::ofstream(ck / "a.bin") << "hello";
+  std::ofstream(ck / "manifest.json")
+      << R"({"files": {"a.bin": {"bytes": 5, "crc32": 907060870}}})";
+  std::ofstream(run / "checkpoints" / "latest") << "step_000002\n";
+  for (const fs::path& p : {run, run / "checkpoints", run / "checkpoints" / "latest", ck})
+    EXPECT_EQ(mllm::find_resume_checkpoint(p.string(), "").value(), ck.string()) << p;
+
+  auto message_for = [](const fs::path& p) {
+    try {
+      mllm::find_resume_checkpoint(p.string(), "");
+    } catch (const mllm::CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Step folders but no `latest`: names the newest one to use instead.
+  fs::remove(run / "checkpoints" / "latest");
+  EXPECT_NE(message_for(run).find("no `latest` file"), std::string::npos) << message_for(run);
+  EXPECT_NE(message_for(run).find("step_000002"), std::string::npos);
+  // A run folder that saved nothing.
+  fs::remove_all(ck);
+  EXPECT_NE(message_for(run).find("a run folder without checkpoints"), std::string::npos)
+      << message_for(run);
+  EXPECT_NE(message_for(run / "nope").find("no such file or folder"), std::string::npos);
+  fs::remove_all(run);
+}
