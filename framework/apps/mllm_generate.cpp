@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
   opt.top_k = 50;
   int64_t threads = 0;
   app.add_option("--checkpoint", checkpoint,
-                 "checkpoint folder (checkpoints/step_NNNNNN), or a run folder / checkpoints "
-                 "folder (uses `latest`)")->required();
+                 "checkpoint folder (checkpoints/step_NNNNNN), its checkpoints/latest file, or "
+                 "a run folder / checkpoints folder (uses `latest`)")->required();
   app.add_option("--prompt", prompt, "text to continue")->required();
   app.add_option("--max-new-tokens", opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--temperature", opt.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   }
 
   return mllm::run_guarded("mllm-generate", [&] {
+    mllm::check_generate_options(opt);  // before anything is printed
     mllm::register_builtins();
     if (checkpoint == "auto" || checkpoint == "none")
       throw mllm::CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "

@@ -24,6 +24,17 @@ grep -q "resumed from .*$latest at step $step" "$WORK/log2" || fail "did not res
 "$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --max-new-tokens 5 --seed 1 \
   > "$WORK/gen" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "mllm-generate"; }
 grep -q "^春" "$WORK/gen" || fail "generated text does not start with the prompt"
+# The `latest` file itself names the checkpoint too; bad options are refused before any output.
+"$MLLM_BIN/mllm-generate" --checkpoint "$OUT/checkpoints/latest" --prompt "春" --max-new-tokens 5 \
+  --seed 1 > "$WORK/gen2" 2>"$WORK/gen.err" || { cat "$WORK/gen.err" >&2; fail "mllm-generate on latest"; }
+cmp -s "$WORK/gen" "$WORK/gen2" || fail "checkpoints/latest gave other text than the run folder"
+set +e
+"$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --top-p 0 > "$WORK/gen3" 2>"$WORK/gen.err"
+code=$?
+set -e
+[ "$code" -eq 2 ] || fail "--top-p 0: exit $code, expected 2"
+[ ! -s "$WORK/gen3" ] || fail "--top-p 0 printed before refusing: $(cat "$WORK/gen3")"
+grep -q "top_p must be in (0, 1]" "$WORK/gen.err" || { cat "$WORK/gen.err"; fail "--top-p 0 message"; }
 
 # Under mpirun: SIGUSR1 to mpirun reaches every rank (mpirun forwards it); all ranks stop after
 # the same step, save, and the job exits 0.

@@ -56,15 +56,19 @@ torch::Tensor filter_logits(const torch::Tensor& logits, int64_t top_k, double t
   return out;
 }
 
-std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& prompt,
-                              const GenerateOptions& opt,
-                              const std::function<void(int64_t)>& on_token) {
+void check_generate_options(const GenerateOptions& opt) {
   if (opt.temperature < 0)
     throw ConfigError("temperature must be >= 0 (0 = greedy), got " +
                       std::to_string(opt.temperature));
   if (opt.max_new_tokens < 0)
     throw ConfigError("max_new_tokens must be >= 0, got " + std::to_string(opt.max_new_tokens));
   check_filters(opt.top_k, opt.top_p);
+}
+
+std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& prompt,
+                              const GenerateOptions& opt,
+                              const std::function<void(int64_t)>& on_token) {
+  check_generate_options(opt);
   if (prompt.empty())
     throw DataError("generate: the prompt is empty; it needs at least one token (e.g. BOS)");
   const int64_t vocab = model.vocab_size(), window = model.max_seq_len();

@@ -53,4 +53,9 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
                               const GenerateOptions& opt,
                               const std::function<void(int64_t)>& on_token = {});
 
+// The option checks generate() makes, for callers that must refuse bad options before any
+// output (mllm-generate): throws mllm::ConfigError for temperature < 0, max_new_tokens < 0,
+// top_k < 0 or top_p <= 0, naming the option and the accepted range.
+void check_generate_options(const GenerateOptions& opt);
+
 }  // namespace mllm
