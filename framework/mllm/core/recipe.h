@@ -20,6 +20,7 @@ struct RunConfig {
 struct TokenizerConfig {
   std::string type = "char";   // registry name: char | bpe
   int64_t vocab_size = 8000;   // bpe: target vocabulary size (tokens, specials included)
+  double character_coverage = 0;  // bpe: sentencepiece's character_coverage; 0 = automatic
   int64_t min_count = 1;       // char: drop characters seen fewer times (they become <UNK>)
   int64_t max_vocab = 0;       // char: keep at most this many tokens (0 = no limit)
 };

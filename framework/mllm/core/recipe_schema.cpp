@@ -289,6 +289,10 @@ KeySpec recipe_schema(Recipe& r) {
           section("tokenizer", "tokenizer", {
               key("type", d.tokenizer.type, "tokenizer registry name (char, bpe)"),
               key("vocab_size", d.tokenizer.vocab_size, "bpe: vocabulary size incl. specials", at_least(8)),
+              key("character_coverage", d.tokenizer.character_coverage,
+                  "bpe: share of character occurrences whose characters get their own piece (sentencepiece's "
+                  "character_coverage; 0 = automatic; 0.9995 is usual for Chinese, byte pieces spell the rest)",
+                  in_range(0, 1)),
               key("min_count", d.tokenizer.min_count, "char: minimum character count to get an id", at_least(1)),
               key("max_vocab", d.tokenizer.max_vocab, "char: vocabulary cap incl. specials (0 = none)", at_least(0)),
           }),

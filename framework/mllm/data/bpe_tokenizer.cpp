@@ -71,16 +71,15 @@ constexpr double kDefaultCoverage = 0.9995;  // sentencepiece's advice for CJK
 constexpr double kMinCoverage = 0.98;        // sentencepiece refuses less
 constexpr int64_t kBytePieces = 256;
 
-// Sentencepiece keeps, as single-character pieces, the most frequent characters covering
-// `character_coverage` of all character occurrences, and fails when they do not fit in
-// vocab_size. With byte fallback rare characters can be spelled in bytes, so rather than fail we
-// lower the coverage until the characters take at most 3/4 of the non-special, non-byte
-// vocabulary (the rest is left for merges), but not below 0.98, sentencepiece's minimum.
-// Returns the coverage to pass to the trainer.
-double character_coverage(const std::vector<const char*>& ptrs, const std::vector<size_t>& lens,
-                          int64_t vocab_size) {
-  std::unordered_map<char32_t, int64_t> counts;
+// Occurrence counts of the corpus's characters, most frequent first, and their total.
+struct CharStats {
+  std::vector<int64_t> counts;
   int64_t total = 0;
+};
+
+CharStats char_stats(const std::vector<const char*>& ptrs, const std::vector<size_t>& lens) {
+  std::unordered_map<char32_t, int64_t> counts;
+  CharStats st;
   for (size_t i = 0; i < ptrs.size(); ++i) {
     const std::string_view s(ptrs[i], lens[i]);
     char32_t cp = 0;
@@ -91,19 +90,40 @@ double character_coverage(const std::vector<const char*>& ptrs, const std::vecto
         continue;
       }
       ++counts[cp];
-      ++total;
+      ++st.total;
       pos += n;
     }
   }
-  std::vector<int64_t> sorted;
-  sorted.reserve(counts.size());
-  for (const auto& kv : counts) sorted.push_back(kv.second);
-  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  st.counts.reserve(counts.size());
+  for (const auto& kv : counts) st.counts.push_back(kv.second);
+  std::sort(st.counts.begin(), st.counts.end(), std::greater<>());
+  return st;
+}
+
+// The single-character pieces sentencepiece requires at `coverage`: it takes characters, most
+// frequent first, until they cover `coverage` of all occurrences (trainer_interface.cc,
+// required_chars_), and fails when they and the meta pieces (4 specials, 256 bytes) exceed
+// vocab_size.
+int64_t chars_required(const CharStats& st, double coverage) {
+  int64_t covered = 0, n = 0;
+  for (int64_t c : st.counts) {
+    if (double(covered) / double(st.total) >= coverage) break;
+    covered += c;
+    ++n;
+  }
+  return n;
+}
+
+// Sentencepiece's default coverage is 0.9995 (its advice for CJK). With byte fallback rare
+// characters can be spelled in bytes, so when that many characters would take more than 3/4 of
+// the non-special, non-byte vocabulary (the rest is left for merges) the automatic coverage is
+// lowered to what 3/4 holds, but not below 0.98, sentencepiece's minimum.
+double auto_coverage(const CharStats& st, int64_t vocab_size) {
   const int64_t max_chars = std::max<int64_t>(1, (vocab_size - kNumSpecialIds - kBytePieces) * 3 / 4);
-  if (int64_t(sorted.size()) <= max_chars || total == 0) return kDefaultCoverage;
+  if (int64_t(st.counts.size()) <= max_chars || st.total == 0) return kDefaultCoverage;
   int64_t covered = 0;
-  for (int64_t i = 0; i < max_chars; ++i) covered += sorted[size_t(i)];
-  return std::clamp(double(covered) / double(total), kMinCoverage, kDefaultCoverage);
+  for (int64_t i = 0; i < max_chars; ++i) covered += st.counts[size_t(i)];
+  return std::clamp(double(covered) / double(st.total), kMinCoverage, kDefaultCoverage);
 }
 
 }  // namespace
@@ -151,7 +171,12 @@ BpeTokenizer::~BpeTokenizer() {
 }
 
 std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>& documents,
-                                                  int64_t vocab_size, int threads) {
+                                                  int64_t vocab_size, int threads,
+                                                  double character_coverage) {
+  if (character_coverage != 0 && !(character_coverage >= kMinCoverage && character_coverage <= 1))
+    throw ConfigError(fmt::format("data.tokenizer.character_coverage = {}: expected 0 (automatic) "
+                                  "or a value in [{}, 1] (sentencepiece's range)",
+                                  character_coverage, kMinCoverage));
   // Sentences = non-empty lines, pointing into `documents` (no copy).
   std::vector<const char*> ptrs;
   std::vector<size_t> lens;
@@ -168,11 +193,27 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>
     }
   }
   if (ptrs.empty()) throw DataError("bpe tokenizer: the training corpus has no text");
-  const double coverage = character_coverage(ptrs, lens, vocab_size);
-  if (coverage < kDefaultCoverage)
+  const CharStats stats = char_stats(ptrs, lens);
+  const bool automatic = character_coverage == 0;
+  const double coverage = automatic ? auto_coverage(stats, vocab_size) : character_coverage;
+  if (automatic && coverage < kDefaultCoverage)
     spdlog::info("bpe tokenizer: vocab_size {} is too small for {:.4g}% character coverage; "
                  "using {:.4f}% (the rarest characters are spelled with byte pieces)",
                  vocab_size, 100 * kDefaultCoverage, 100 * coverage);
+  const int64_t needed = chars_required(stats, coverage) + kNumSpecialIds + kBytePieces;
+  if (needed > vocab_size)
+    throw DataError(fmt::format(
+        "bpe tokenizer: data.tokenizer.vocab_size = {} is too small for this corpus: {} of its {} "
+        "distinct characters cover {:.4g}% of the text (data.tokenizer.character_coverage{}) and "
+        "each needs its own piece, plus {} byte pieces and {} specials. The smallest vocab_size "
+        "that works is {}{}",
+        vocab_size, needed - kNumSpecialIds - kBytePieces, stats.counts.size(), 100 * coverage,
+        automatic ? fmt::format(" is automatic, at least {}", kMinCoverage) : "", kBytePieces,
+        static_cast<int64_t>(kNumSpecialIds), needed,
+        coverage > kMinCoverage
+            ? fmt::format("; or lower data.tokenizer.character_coverage (0.98 needs {})",
+                          chars_required(stats, kMinCoverage) + kNumSpecialIds + kBytePieces)
+            : ""));
   const std::vector<std::pair<std::string, std::string>> options = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},
@@ -205,11 +246,15 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>
   std::string model, err;
   if (spm().train(ptrs.data(), lens.data(), ptrs.size(), keys.data(), values.data(), keys.size(),
                   append_sink, &model, append_sink, &err) != 0)
-    throw DataError(fmt::format("bpe tokenizer: sentencepiece training failed: {} (check "
-                                "data.tokenizer.vocab_size: it must cover the corpus characters "
-                                "plus 256 byte pieces and 4 specials)",
+    throw DataError(fmt::format("bpe tokenizer: sentencepiece training failed: {} (our keys: "
+                                "data.tokenizer.vocab_size, data.tokenizer.character_coverage)",
                                 err));
-  return std::make_shared<BpeTokenizer>(std::move(model), "<trained>");
+  auto tokenizer = std::make_shared<BpeTokenizer>(std::move(model), "<trained>");
+  if (tokenizer->vocab_size() < vocab_size)
+    spdlog::warn("bpe tokenizer: training gave {} ids, fewer than data.tokenizer.vocab_size = {} "
+                 "(the corpus has no more merges to learn); the model uses {}",
+                 tokenizer->vocab_size(), vocab_size, tokenizer->vocab_size());
+  return tokenizer;
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view utf8) const {
@@ -243,7 +288,8 @@ void BpeTokenizer::save(const std::string& path) const {
 void register_bpe_tokenizer() {
   tokenizer_registry().add("bpe", [](const TokenizerConfig& c,
                                      const std::vector<std::string>& docs, int threads) {
-    return std::shared_ptr<Tokenizer>(BpeTokenizer::train(docs, c.vocab_size, threads));
+    return std::shared_ptr<Tokenizer>(
+        BpeTokenizer::train(docs, c.vocab_size, threads, c.character_coverage));
   });
   tokenizer_loader_registry().add("bpe", [](const std::string& payload, const std::string& path) {
     return std::shared_ptr<Tokenizer>(std::make_shared<BpeTokenizer>(payload, path));

@@ -21,13 +21,18 @@ class BpeTokenizer : public Tokenizer {
   // Trains BPE (sentencepiece, model_type=bpe) on the lines of `documents` (newlines are never
   // inside a piece; they encode via byte fallback). Settings: identity normalization, no dummy
   // prefix, whitespace kept, byte_fallback, `vocab_size` as a soft limit (a small corpus yields
-  // fewer pieces), character_coverage 0.9995 — lowered when those characters would take more
-  // than 3/4 of the vocabulary left after specials and the 256 byte pieces (rarer characters
-  // are then spelled with byte pieces; never below 0.98). `threads` is unused: the model file records the
-  // trainer's thread count, so training always uses one to stay byte-identical. Throws DataError with sentencepiece's message
-  // when training fails (e.g. vocab_size below the characters + 256 bytes + 4 specials).
+  // fewer pieces: a warning), and `character_coverage` (sentencepiece's meaning: the share of
+  // character occurrences whose characters get their own piece; the rest are spelled with byte
+  // pieces). 0 = automatic: 0.9995 (sentencepiece's advice for Chinese and Japanese), lowered
+  // when those characters would take more than 3/4 of the vocabulary left after specials and the
+  // 256 byte pieces, never below 0.98. `threads` is unused: the model file records the trainer's
+  // thread count, so training always uses one to stay byte-identical.
+  // Throws ConfigError for a coverage outside {0} u [0.98, 1]; DataError naming the smallest
+  // vocab_size that works when the required characters + 256 bytes + 4 specials exceed
+  // vocab_size, and with sentencepiece's message when training fails otherwise.
   static std::shared_ptr<BpeTokenizer> train(const std::vector<std::string>& documents,
-                                             int64_t vocab_size, int threads);
+                                             int64_t vocab_size, int threads,
+                                             double character_coverage = 0);
 
   std::string type() const override { return "bpe"; }
   int64_t vocab_size() const override { return int64_t(piece_bytes_.size()); }

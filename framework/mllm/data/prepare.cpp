@@ -200,6 +200,11 @@ std::string data_fingerprint(const DataConfig& cfg) {
   h.update_u64(uint64_t(cfg.tokenizer.vocab_size));
   h.update_u64(uint64_t(cfg.tokenizer.min_count));
   h.update_u64(uint64_t(cfg.tokenizer.max_vocab));
+  if (cfg.tokenizer.character_coverage != 0) {  // (not hashed at 0: older caches stay valid)
+    uint64_t bits;
+    std::memcpy(&bits, &cfg.tokenizer.character_coverage, 8);
+    h.update_u64(bits);
+  }
   return fingerprint_hex(h.value());
 }
 

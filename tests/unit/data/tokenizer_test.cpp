@@ -208,6 +208,42 @@ TEST(BpeTokenizer, TooSmallVocabularyIsADataError) {
                                      {"vocab_size"}));
 }
 
+TEST(BpeTokenizer, CharacterCoverageNamesTheSmallestVocabularyThatWorks) {
+  // 600 distinct CJK characters, each exactly 3 times (36 lines of 50). Sentencepiece keeps the
+  // most frequent characters until they cover `coverage` of the 1800 occurrences: 0.9995 needs
+  // all 600 (599/600 = 0.99833 < 0.9995), 0.98 needs 588 (588/600 = 0.98). Each also needs 256
+  // byte pieces + 4 specials: smallest vocab_size 860 and 848.
+  std::vector<std::string> docs;
+  for (int line = 0; line < 36; ++line) {
+    std::string text;
+    for (int t = 0; t < 50; ++t) {
+      const unsigned cp = 0x4E00 + unsigned((line * 50 + t) % 600);  // 3-byte UTF-8
+      text += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
+    }
+    docs.push_back(text);
+  }
+  TokenizerConfig c;
+  c.type = "bpe";
+  c.character_coverage = 0.9995;
+  c.vocab_size = 859;
+  EXPECT_TRUE(throws_with<DataError>([&] { train_tokenizer(c, docs); },
+                                     {"smallest vocab_size that works is 860", "0.98 needs 848",
+                                      "data.tokenizer.character_coverage"}));
+  c.vocab_size = 860;  // sentencepiece itself agrees with the figure
+  EXPECT_GE(train_tokenizer(c, docs)->vocab_size(), 860 - 1);
+  c.character_coverage = 0.98;
+  c.vocab_size = 848;
+  EXPECT_NO_THROW(train_tokenizer(c, docs));
+  // Automatic coverage goes down to 0.98 at most: vocab_size 800 is refused naming 848.
+  c.character_coverage = 0;
+  c.vocab_size = 800;
+  EXPECT_TRUE(throws_with<DataError>([&] { train_tokenizer(c, docs); },
+                                     {"smallest vocab_size that works is 848"}));
+  c.character_coverage = 0.5;  // below sentencepiece's range
+  EXPECT_TRUE(throws_with<ConfigError>([&] { train_tokenizer(c, docs); },
+                                       {"character_coverage", "0.98"}));
+}
+
 TEST(IncrementalDecoder, BpeNeverSplitsACharacter) {
   auto tok = train_bpe();
   const std::string text = "fox 😀 鱻\n";  // emoji and 鱻 go through byte pieces
