@@ -4,7 +4,12 @@
 source "$(dirname "$0")/common.sh"
 ARGS=(train.max_steps=100 schedule.warmup_steps=10 optim.lr=1e-3 schedule.min_lr=1e-4
       checkpoint.every_steps=0 eval.every_steps=0 model.n_layers=1 model.d_model=16)
-train 1 "$WORK/np1" "${ARGS[@]}" >/dev/null 2>&1 || fail "np=1 run"
+train 1 "$WORK/np1" "${ARGS[@]}" > "$WORK/np1.log" 2>&1 || fail "np=1 run"
+# Progress in the log lines and the closing summary: 100 steps x 8 sequences x 32 tokens.
+grep -Eq "step +50/100 \(50%\) \| loss .* \| elapsed [0-9]+s \| eta [0-9]+s$" "$WORK/np1.log" ||
+  { grep "step  *50/" "$WORK/np1.log"; fail "no progress (step 50/100 (50%), elapsed, eta) in the log line"; }
+grep -q "run summary: step 100/100 (100 steps, 25600 tokens in this invocation; 25600 tokens in all) | wall time .* | final train loss .* | last checkpoint .*/checkpoints/step_000100" "$WORK/np1.log" ||
+  { grep "summary" "$WORK/np1.log"; fail "no end-of-run summary"; }
 train 4 "$WORK/np4" "${ARGS[@]}" >/dev/null 2>&1 || fail "np=4 run"
 train 1 "$WORK/res" "${ARGS[@]}" train.stop_at_step=5 >/dev/null 2>&1 || fail "run to 5"
 train 1 "$WORK/res" "${ARGS[@]}" train.stop_at_step=37 >/dev/null 2>&1 || fail "resume to 37"

@@ -1,6 +1,7 @@
 // spdlog set-up: per-rank console policy and per-rank log files.
 #include "mllm/core/logging.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,6 +80,14 @@ std::string log_write_error() {
 
 void flush_logs() {
   if (auto l = spdlog::default_logger()) l->flush();
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
 }
 
 }  // namespace mllm

@@ -20,6 +20,9 @@ void init_logging(int rank, int world_size, const std::string& level,
 // Flushes every sink (before MPI_Abort / exit).
 void flush_logs();
 
+// A duration for people: "42s", "3m05s", "2h07m" (seconds < 0 or not finite -> "?").
+std::string format_duration(double seconds);
+
 // The first failed write to a log file since init_logging (for example "cannot write
 // runs/x/logs/rank_00.log: No space left on device"), or "" when none failed. spdlog reports
 // sink failures to an error handler, not to the caller; the trainer checks this every step and

@@ -2,12 +2,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
 #include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "mllm/core/logging.h"
 #include "mllm/data/atomic_file.h"
 #include "mllm/train/callback.h"
 #include "mllm/train/trainer.h"
@@ -60,12 +62,17 @@ class ProgressCallback : public Callback {
   bool enabled_ = false;
 };
 
-// Every log.every_steps: one console line and one metrics.jsonl object.
+// Every log.every_steps: one console line and one metrics.jsonl object. The console line
+// says how far the run is ("step 120/800 (15%)"), the wall time of this invocation so far and
+// the time left at the rate of the last kEtaWindow steps.
 class MetricsCallback : public Callback {
  public:
   explicit MetricsCallback(const Recipe& r) : every_(r.log.every_steps) {}
   CallbackPhase phase() const override { return CallbackPhase::kBeforeSave; }
+  void on_train_begin(Trainer& t) override { recent_.assign(1, {t.seconds_running(), t.step()}); }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
+    recent_.emplace_back(t.seconds_running(), m.step);
+    if (recent_.size() > kEtaWindow + 1) recent_.pop_front();
     // A skipped update is always recorded (the trainer has already warned about it).
     if (m.skipped) {
       t.write_metrics_line(json({{"step", m.step}, {"tokens", m.tokens}, {"skipped", true},
@@ -74,10 +81,16 @@ class MetricsCallback : public Callback {
       return;
     }
     if (!due(m.step, every_) && m.step != t.recipe().train.max_steps) return;
-    spdlog::info("step {:>6} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "mfu {:.1f}% | fwd {:.0f} bwd {:.0f} comm {:.0f} opt {:.0f} ms",
-                 m.step, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.forward_ms,
-                 m.backward_ms, m.comm_ms, m.optimizer_ms);
+    const int64_t max_steps = t.recipe().train.max_steps;
+    const auto& [t0, s0] = recent_.front();
+    const double per_step = m.step > s0 ? (recent_.back().first - t0) / double(m.step - s0) : -1;
+    spdlog::info("step {:>6}/{} ({:.0f}%) | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
+                 "{:.0f} tok/s | mfu {:.1f}% | fwd {:.0f} bwd {:.0f} comm {:.0f} opt {:.0f} ms | "
+                 "elapsed {} | eta {}",
+                 m.step, max_steps, 100.0 * double(m.step) / double(max_steps), m.loss, m.lr,
+                 m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.forward_ms, m.backward_ms, m.comm_ms,
+                 m.optimizer_ms, format_duration(t.seconds_running()),
+                 format_duration(per_step < 0 ? -1 : per_step * double(max_steps - m.step)));
     json j = {{"step", m.step},           {"tokens", m.tokens},
               {"loss", m.loss},           {"lr", m.lr},
               {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s},
@@ -88,7 +101,9 @@ class MetricsCallback : public Callback {
   }
 
  private:
+  static constexpr std::size_t kEtaWindow = 50;  // steps behind the ETA's rate
   int64_t every_;
+  std::deque<std::pair<double, int64_t>> recent_;  // (seconds running, step), oldest first
 };
 
 void run_eval(Trainer& t) {

@@ -506,12 +506,32 @@ void Trainer::resume_from(const std::string& folder) {
   spdlog::info("resumed from {} at step {} ({} tokens)", folder, saved.step, saved.tokens);
 }
 
+void Trainer::log_summary(int64_t first_step, int64_t first_tokens) const {
+  const double wall = seconds_running(), total = elapsed_at_start_s_ + wall;
+  std::string text = fmt::format(
+      "run summary: step {}/{} ({} steps, {} tokens in this invocation; {} tokens in all) | "
+      "wall time {}", state_.step, recipe_.train.max_steps, state_.step - first_step,
+      state_.tokens - first_tokens, state_.tokens, format_duration(wall));
+  if (first_step > 0) text += fmt::format(" ({} with the earlier invocations)", format_duration(total));
+  if (std::isfinite(last_train_loss_))
+    text += fmt::format(" | final train loss {:.4f} (ppl {:.2f})", last_train_loss_,
+                        std::exp(last_train_loss_));
+  if (best_eval_)
+    text += fmt::format(" | best val loss {:.4f} (ppl {:.2f}) at step {}", best_eval_->val_loss,
+                        best_eval_->val_ppl, best_eval_->step);
+  text += last_saved_step_ >= 0
+              ? " | last checkpoint " + checkpoints_dir() + "/" + checkpoint_name(last_saved_step_)
+              : " | no checkpoint saved";
+  spdlog::info("{}", text);
+}
+
 double Trainer::seconds_running() const {
   return ms_since(start_) / 1000.0;
 }
 
 StopReason Trainer::run() {
   const Recipe& r = recipe_;
+  const int64_t first_step = state_.step, first_tokens = state_.tokens;
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   StopReason reason = StopReason::kMaxSteps;
   while (state_.step < r.train.max_steps) {
@@ -531,6 +551,7 @@ StopReason Trainer::run() {
     if (r.dist.check_every_steps > 0 && state_.step % r.dist.check_every_steps == 0 &&
         comm_->world_size() > 1)
       check_replicas();
+    if (!m.skipped) last_train_loss_ = m.loss;
     for (auto& cb : callbacks_) cb->on_step_end(*this, m);
     if (stop_reason_) {
       reason = *stop_reason_;
@@ -544,6 +565,7 @@ StopReason Trainer::run() {
   // An early stop always leaves a checkpoint to resume from, whatever callbacks are listed.
   if (reason != StopReason::kMaxSteps) save_checkpoint();
   for (auto& cb : callbacks_) cb->on_train_end(*this, reason);
+  log_summary(first_step, first_tokens);
   flush_logs();
   if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return reason;
@@ -685,6 +707,7 @@ EvalMetrics Trainer::evaluate() {
     throw DataError("the validation shard has no sequences; raise data.val_fraction");
   e.val_loss = red[0].item<double>() / red[1].item<double>();
   e.val_ppl = std::exp(e.val_loss);
+  if (std::isfinite(e.val_loss) && (!best_eval_ || e.val_loss < best_eval_->val_loss)) best_eval_ = e;
   // The same value on every rank: all stop here, before the checkpoint callback saves weights
   // that no longer produce finite losses.
   if (!std::isfinite(e.val_loss))

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,7 +56,9 @@ class Trainer {
   ~Trainer();
 
   // Trains until train.max_steps, train.stop_at_step, train.time_limit_s or SIGTERM/SIGINT.
-  // Every early stop saves a checkpoint first. Returns why it stopped. A non-finite loss or
+  // Every early stop saves a checkpoint first. Ends with a summary in the log (steps, tokens,
+  // wall time, final train loss, best val loss and perplexity, last checkpoint). Returns why
+  // it stopped. A non-finite loss or
   // gradient norm stops the run (mllm::Error naming the step) before the update reaches the
   // weights, or with train.on_nonfinite=skip skips that update on every rank (stopping after
   // train.max_nonfinite_skips in a row). Every dist.check_every_steps steps the replicas are
@@ -101,6 +104,8 @@ class Trainer {
   void build();
   void resume_from(const std::string& folder);
   StepMetrics train_step();
+  // The end-of-run summary line (rank 0's log; every rank logs its own copy).
+  void log_summary(int64_t first_step, int64_t first_tokens) const;
 
   Recipe recipe_;
   std::shared_ptr<Communicator> comm_;
@@ -126,6 +131,9 @@ class Trainer {
   double elapsed_at_start_s_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::optional<StopReason> stop_reason_;  // set by train_step when any rank votes to stop
+  // For the end-of-run summary: the last applied step's train loss, the best evaluation.
+  double last_train_loss_ = std::numeric_limits<double>::quiet_NaN();
+  std::optional<EvalMetrics> best_eval_;
 };
 
 // Threads per rank for train.threads: an explicit value (> 0) as given, with a warning when the
