@@ -145,10 +145,17 @@ collected=0
 [ "$collected" -eq 0 ] || [ "$collected" -eq 3 ] || exit "$collected"
 if command -v "$GNUPLOT" >/dev/null; then
   (cd "$SWEEP_OUT" && "$GNUPLOT" plots.gp) || say "gnuplot failed; the table is still there"
+  # The per-run charts of launch/plot-run.sh, every point on one chart, in SWEEP_OUT/plots/.
+  points=()
+  for p in "${SWEEP_POINTS[@]}"; do [ -s "$SWEEP_OUT/$p/metrics.jsonl" ] && points+=("$SWEEP_OUT/$p"); done
+  if [ "${#points[@]}" -gt 0 ]; then
+    "$PYTHON" "$(dirname "$0")/run_plots.py" --gnuplot "$GNUPLOT" --out "$SWEEP_OUT/plots" "${points[@]}" \
+      > /dev/null || say "plots of the runs failed; the table is still there"
+  fi
 else
   say "no gnuplot ($GNUPLOT): skipped the PNGs (launch/install-deps.sh installs gnuplot-nox)"
 fi
-say "results: $SWEEP_OUT/results.md, results.csv, val_loss.png, final_val_loss.png"
+say "results: $SWEEP_OUT/results.md, results.csv, val_loss.png, final_val_loss.png, plots/ (loss, lr, throughput)"
 if [ "$STOP" = 1 ]; then exit 130; fi
 [ "$FAILED" -eq 0 ] || exit 1
 if [ "$collected" -eq 3 ]; then

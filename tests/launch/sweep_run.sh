@@ -57,7 +57,7 @@ for r, h in zip(rows, ("1", "2")):
 print("table ok")
 PY
 if command -v gnuplot > /dev/null; then
-  for png in val_loss final_val_loss; do
+  for png in val_loss final_val_loss plots/loss plots/lr plots/throughput; do
     [ "$(head -c 8 "$OUT/$png.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png.png is not a PNG"
   done
   # 2 val curves, 2 curves of val minus the mean, 1 final-loss line.
