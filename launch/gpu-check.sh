@@ -18,6 +18,8 @@
 #   llama_np2    the same with 2 ranks sharing the GPU (mpi backend, staged through the host)
 #   reference    the same shape in PyTorch eager (sdpa, fused AdamW): tokens/s, memory
 #   bf16_parity  the val loss of the llama_np1 weights, ours vs the reference: within 1e-2
+#   hf_export    mllm-export of the llama_np1 checkpoint; logits of the exported folder from an
+#                independent Llama and from transformers' AutoModelForCausalLM within 1e-4
 # Peak GPU memory of each run is sampled with nvidia-smi (the whole process, CUDA context included).
 #
 # Environment: PYTHON (default python3: the one with torch), BUILD_DIR (default build-gpu),
@@ -27,7 +29,7 @@
 # On the device tool: carry [".deps/debs", "data/full"] (about 41 MB), timeout about 540 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT=$1
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 PYTHON=${PYTHON:-python3}
@@ -181,6 +183,16 @@ if [ -f "$OUT/llama_np1/metrics.jsonl" ]; then
            tail -1 | "$PYTHON" -c 'import json,sys; print(json.load(sys.stdin)["val_loss"])')
   st=$("$PYTHON" -c "print('pass' if abs($ours - ${theirs:-1e9}) <= 1e-2 else 'fail')")
   record bf16_parity "$st" "\"ours\": $ours, \"reference\": ${theirs:-null}"
+fi
+
+# ---- Hugging Face export of the llama_np1 checkpoint: transformers' own model must agree -------
+if [ -d "$OUT/llama_np1/checkpoints" ] &&
+   "$BIN/mllm-export" --checkpoint "$OUT/llama_np1" --out "$OUT/hf_llama" > "$OUT/hf_export.log" 2>&1 &&
+   "$PYTHON" tests/assets/model/hf_llama_reference.py compare "$OUT/hf_llama" "$OUT/llama_np1" --atol 1e-4 \
+     >> "$OUT/hf_export.log" 2>&1; then
+  record hf_export pass "\"results\": [$(grep '^{' "$OUT/hf_export.log" | paste -sd, -)]"
+else
+  record hf_export fail "\"log\": \"$OUT/hf_export.log\""
 fi
 
 # ---- report ------------------------------------------------------------------------------

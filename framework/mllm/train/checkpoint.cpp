@@ -432,16 +432,23 @@ bool load_rng_state(const std::string& folder, int rank, const torch::Device& de
 }
 
 void export_safetensors(torch::nn::Module& model, const std::string& path, int inject_errno) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) tensors.emplace_back(item.key(), item.value());
+  write_safetensors(tensors, path, inject_errno);
+}
+
+void write_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                       const std::string& path, int inject_errno) {
   json header = json::object();
   std::vector<torch::Tensor> blobs;
   uint64_t offset = 0;
-  for (const auto& item : model.named_parameters()) {
-    torch::Tensor t = item.value().detach().contiguous().cpu();
+  for (const auto& [name, value] : tensors) {
+    torch::Tensor t = value.detach().contiguous().cpu();
     const char* dtype = t.scalar_type() == torch::kBFloat16 ? "BF16" : "F32";
     if (t.scalar_type() != torch::kBFloat16) t = t.to(torch::kFloat32);
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[item.key()] = {{"dtype", dtype}, {"shape", t.sizes().vec()},
-                          {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     blobs.push_back(t);
   }

@@ -92,4 +92,9 @@ bool load_rng_state(const std::string& folder, int rank,
 // "cannot write <path>: ..." when writing fails; `inject_errno` (tests) makes every write fail.
 void export_safetensors(torch::nn::Module& model, const std::string& path, int inject_errno = 0);
 
+// The same file format for named tensors in the given order (F32, or BF16 tensors as BF16; other
+// dtypes are written as F32). Throws as export_safetensors.
+void write_safetensors(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                       const std::string& path, int inject_errno = 0);
+
 }  // namespace mllm
