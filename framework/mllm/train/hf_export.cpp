@@ -56,7 +56,7 @@ json char_tokenizer_json(const Tokenizer& tok) {
           {"padding", nullptr},
           {"added_tokens", added},
           {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(?s)."}}},
+          {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "[\\s\\S]"}}},
                              {"behavior", "Isolated"}, {"invert", false}}},
           {"post_processor", {{"type", "TemplateProcessing"},
                               {"single", json::array({{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},

@@ -10,7 +10,7 @@ computes the logits of fixed token sequences with this model and with make_golde
 mllm checkpoint (Meta's interleaved rotary layout, mllm's names; the model the golden and
 reference-parity tests hold mllm to), prints the max abs difference and exits 1 above atol.
 With `transformers` installed it also loads the folder with AutoModelForCausalLM and compares
-(atol 1e-4)."""
+(atol 1e-4, or the given one if larger), and checks that AutoTokenizer round-trips text."""
 import json
 import math
 import os
@@ -99,7 +99,20 @@ def main():
             hf = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
             d2 = (hf(ids).logits.float() - ours).abs().max().item()
             print(json.dumps({"transformers_max_abs_diff": d2}))
-            failed = failed or d2 > 1e-4
+            from transformers import AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(folder)
+            if os.path.exists(os.path.join(folder, "tokenizer.json")):  # the char tokenizer
+                vocab = json.load(open(os.path.join(folder, "tokenizer.json")))["model"]["vocab"]
+                chars = [c for c, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i >= 4][:12]
+                text = "".join(chars) + "\n" + "".join(reversed(chars))
+                want = [cfg["bos_token_id"]] + [vocab.get(c, 1) for c in text]
+                ids_t = tok(text)["input_ids"]
+                back = tok.decode(ids_t, skip_special_tokens=True)
+                ok = ids_t == want and back == text
+                print(json.dumps({"tokenizer": type(tok).__name__, "ids_as_mllm": ids_t == want,
+                                  "round_trip": back == text}))
+                failed = failed or not ok
+            failed = failed or d2 > max(1e-4, atol)
     sys.exit(1 if failed else 0)
 
 
