@@ -54,12 +54,7 @@ int main(int argc, char** argv) {
 
   return mllm::run_guarded("mllm-eval", [&] {
     mllm::register_builtins();
-    if (checkpoint == "auto" || checkpoint == "none")
-      throw mllm::CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "
-                                  "or a run / checkpoints folder with `latest`");
-    const std::string folder = mllm::find_resume_checkpoint(checkpoint, "").value();
-    mllm::Recipe recipe = mllm::load_recipe_string(mllm::read_checkpoint_recipe(folder),
-                                                   folder + "/recipe.yaml");
+    const auto [folder, recipe] = mllm::open_checkpoint(checkpoint);
     mllm::load_plugins(recipe.plugins);
     mllm::DataConfig data = recipe.data;
     data.corpus = corpus;

@@ -44,12 +44,7 @@ int main(int argc, char** argv) {
   return mllm::run_guarded("mllm-generate", [&] {
     mllm::check_generate_options(opt);  // before anything is printed
     mllm::register_builtins();
-    if (checkpoint == "auto" || checkpoint == "none")
-      throw mllm::CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "
-                                  "or a run / checkpoints folder with `latest`");
-    const std::string folder = mllm::find_resume_checkpoint(checkpoint, "").value();
-    mllm::Recipe recipe = mllm::load_recipe_string(mllm::read_checkpoint_recipe(folder),
-                                                   folder + "/recipe.yaml");
+    const auto [folder, recipe] = mllm::open_checkpoint(checkpoint);
     mllm::load_plugins(recipe.plugins);  // the model may come from a plugin
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     if (mllm::blas_startup_note().warn) spdlog::warn("{}", mllm::describe_blas());

@@ -343,6 +343,16 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
   return std::nullopt;
 }
 
+OpenedCheckpoint open_checkpoint(const std::string& path) {
+  if (path == "auto" || path == "none")
+    throw CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "
+                          "or a run / checkpoints folder with `latest`");
+  OpenedCheckpoint c;
+  c.folder = find_resume_checkpoint(path, "").value();
+  c.recipe = load_recipe_string(read_checkpoint_recipe(c.folder), c.folder + "/recipe.yaml");
+  return c;
+}
+
 TrainState read_train_state(const std::string& folder) {
   const fs::path p = fs::path(folder) / "state.json";
   try {

@@ -21,6 +21,7 @@
 
 #include <torch/torch.h>
 
+#include "mllm/core/recipe.h"
 #include "mllm/data/sampler.h"
 #include "mllm/distributed/communicator.h"
 
@@ -71,6 +72,16 @@ void verify_checkpoint(const std::string& folder);
 // checkpoint (missing, a run folder without checkpoints, step folders without `latest`).
 std::optional<std::string> find_resume_checkpoint(const std::string& resume,
                                                   const std::string& checkpoints_dir);
+
+// A checkpoint named on a command line (--checkpoint of mllm-generate, -eval, -export): the folder
+// `path` resolves to (as find_resume_checkpoint; "auto" and "none" are refused, a path is
+// needed) and the recipe saved in it. Throws CheckpointError for a bad path or checkpoint,
+// ConfigError for a recipe this build cannot read.
+struct OpenedCheckpoint {
+  std::string folder;
+  Recipe recipe;
+};
+OpenedCheckpoint open_checkpoint(const std::string& path);
 
 // Readers for a verified folder. Each throws CheckpointError naming the file on failure.
 TrainState read_train_state(const std::string& folder);

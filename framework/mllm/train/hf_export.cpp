@@ -75,8 +75,7 @@ std::vector<std::string> export_hf(const std::string& checkpoint_folder, const s
                                    const std::string& dtype) {
   if (dtype != "fp32" && dtype != "bf16")
     throw ConfigError(fmt::format("--dtype {}: expected fp32 or bf16", dtype));
-  const std::string folder = find_resume_checkpoint(checkpoint_folder, "").value();
-  const Recipe recipe = load_recipe_string(read_checkpoint_recipe(folder), folder + "/recipe.yaml");
+  const auto [folder, recipe] = open_checkpoint(checkpoint_folder);
   if (recipe.model.type != "llama")
     throw ConfigError(fmt::format(
         "model.type {} has no standard Hugging Face architecture to export to (only llama maps to "
