@@ -226,7 +226,7 @@ void ensure_mpi_initialized() {
         "MPI provides thread level {} but mllm needs at least MPI_THREAD_SERIALIZED ({}) for its "
         "communication thread; if the program initialises MPI itself, use MPI_Init_thread with "
         "MPI_THREAD_MULTIPLE, or use an MPI built with thread support",
-        provided, MPI_THREAD_SERIALIZED));
+        provided, static_cast<int>(MPI_THREAD_SERIALIZED)));
   detail::g_thread_level = provided;
 }
 
