@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   mllm::ensure_fast_blas(argv);  // before MPI and threads (core/blas.h)
   CLI::App app{
       "mllm-eval: loss, perplexity and bits per character of a checkpoint on any text.\n"
-      "Run under mpirun to split the sequences across ranks: the figures do not change.\n"
+      "Run under mpirun to split the sequences across ranks: the figures agree to float\n"
+      "rounding (about 1e-10 relative).\n"
       "Exit codes: 0 done, 2 bad input (checkpoint, corpus, options), 1 anything else.",
       "mllm-eval"};
   std::string checkpoint, text_field, device_setting = "auto";
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
       } else {
         std::cout << fmt::format(
                          "{}: loss {:.4f} | perplexity {:.2f} | bits per character {:.4f} | {} "
-                         "tokens, {} characters, {} documents, {} windows of {} tokens, {} rank(s)",
+                         "tokens, {} characters, {} documents, {} window(s) of {} tokens, {} rank(s)",
                          folder, r.loss, r.perplexity, r.bits_per_char, r.tokens, r.characters,
                          r.documents, r.sequences, window, comm->world_size())
                   << std::endl;

@@ -31,9 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-new-tokens", opt.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--temperature", opt.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", opt.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", opt.top_p, "nucleus sampling mass; 1 = off")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-p", opt.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
   app.add_option("--seed", opt.seed, "sampling seed")->capture_default_str();
-  app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -115,7 +115,11 @@ std::vector<std::string> export_hf(const std::string& checkpoint_folder, const s
              fmt::format("export_hf: mapped {} of the model's {} parameters", tensors.size(), params.size()));
 
   const fs::path out(out_dir);
-  fs::create_directories(out);
+  if (fs::exists(out) && !fs::is_directory(out))
+    throw ConfigError(fmt::format("--out {}: exists and is not a folder", out_dir));
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw Error(fmt::format("--out {}: cannot create the folder: {}", out_dir, ec.message()));
   std::vector<std::string> written;
   auto text_file = [&](const std::string& name, const json& j) {
     write_text(out / name, j.dump(2) + "\n");

@@ -532,6 +532,9 @@ double Trainer::seconds_running() const {
 StopReason Trainer::run() {
   const Recipe& r = recipe_;
   const int64_t first_step = state_.step, first_tokens = state_.tokens;
+  if (state_.step >= r.train.max_steps)
+    spdlog::warn("the run is already at step {}, not below train.max_steps={}: nothing to train "
+                 "(raise train.max_steps to continue it)", state_.step, r.train.max_steps);
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   StopReason reason = StopReason::kMaxSteps;
   while (state_.step < r.train.max_steps) {
