@@ -38,6 +38,8 @@ PACKAGES=(
   xz-utils                    # the embedded corpus is .jsonl.xz
   gnuplot-nox                 # sweep plots
   procps                      # pgrep: launch/sweep.sh stops the trainers of a point by session
+  slurmctld slurmd slurm-client munge   # tests/launch/slurm_live.sh: a real one-node Slurm
+  iproute2                    # tests/launch/two_hosts.sh: network namespaces as hosts
 )
 # A Python >= 3.10 with venv for the torch wheel: the one on PATH if it can make a venv,
 # else Debian's (3.11).
