@@ -2,6 +2,7 @@
 // argument checks every backend shares.
 #include "mllm/distributed/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -51,6 +52,22 @@ void check_all_reduce_args(const torch::Tensor& t, ReduceOp op, const std::strin
     throw Error(fmt::format("{} backend: all_reduce(avg) needs a floating tensor, got {}; use sum "
                             "and divide, or convert first",
                             backend, c10::toString(st)));
+}
+
+void check_shard_args(const torch::Tensor& full, const torch::Tensor& shard, int world, int rank,
+                      const char* what, const std::string& backend) {
+  if (!full.defined() || !shard.defined())
+    throw Error(fmt::format("{} backend: {} of an undefined tensor", backend, what));
+  check_all_reduce_args(full, ReduceOp::kSum, backend);
+  if (shard.scalar_type() != full.scalar_type() || shard.device() != full.device())
+    throw Error(fmt::format("{} backend: {}: the full buffer is {} on {}, the shard {} on {}",
+                            backend, what, c10::toString(full.scalar_type()), full.device().str(),
+                            c10::toString(shard.scalar_type()), shard.device().str()));
+  const ShardRange r = shard_range(full.numel(), world, rank);
+  if (shard.numel() != r.numel())
+    throw Error(fmt::format("{} backend: {}: rank {} of {} owns {} of the {} elements, its shard "
+                            "tensor has {}",
+                            backend, what, rank, world, r.numel(), full.numel(), shard.numel()));
 }
 
 void check_root(int root, int world_size, const std::string& backend) {
@@ -138,6 +155,77 @@ std::shared_ptr<Communicator> make_communicator(const DistConfig& cfg, bool want
         "(a CUDA build of PyTorch/LibTorch). Or set dist.backend: mpi (CPU tensors) or auto.",
         MLLM_NCCL_BUILD_NOTE));
   return communicator_registry().create(backend, cfg);
+}
+
+ShardRange shard_range(int64_t numel, int world, int rank) {
+  if (numel < 0 || world < 1 || rank < 0 || rank >= world)
+    throw Error(fmt::format("shard_range: need numel >= 0 and 0 <= rank < world, got numel {}, "
+                            "rank {}, world {}",
+                            numel, rank, world));
+  const int64_t c = (numel + world - 1) / world;
+  return {std::min(c * rank, numel), std::min(c * (rank + 1), numel)};
+}
+
+namespace {
+// Waits for an all-reduce of `full`, then copies [begin, end) of it into `shard`.
+class SliceAfterWork : public Work {
+ public:
+  SliceAfterWork(std::shared_ptr<Work> inner, torch::Tensor full, torch::Tensor shard, ShardRange r)
+      : inner_(std::move(inner)), full_(std::move(full)), shard_(std::move(shard)), r_(r) {}
+  void wait() override {
+    if (done_) return;
+    inner_->wait();
+    torch::NoGradGuard no_grad;
+    shard_.copy_(full_.narrow(0, r_.begin, r_.numel()).view(shard_.sizes()));
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  torch::Tensor full_, shard_;
+  ShardRange r_;
+  bool done_ = false;
+};
+// Waits for an all-reduce of the zero-filled `gathered`, then copies it into `output`.
+class CopyAfterWork : public Work {
+ public:
+  CopyAfterWork(std::shared_ptr<Work> inner, torch::Tensor gathered, torch::Tensor output)
+      : inner_(std::move(inner)), gathered_(std::move(gathered)), output_(std::move(output)) {}
+  void wait() override {
+    if (done_) return;
+    inner_->wait();
+    torch::NoGradGuard no_grad;
+    output_.copy_(gathered_.view(output_.sizes()));
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  torch::Tensor gathered_, output_;
+  bool done_ = false;
+};
+}  // namespace
+
+std::shared_ptr<Work> Communicator::reduce_scatter_async(const torch::Tensor& input,
+                                                         torch::Tensor& output, ReduceOp op) {
+  detail::check_shard_args(input, output, world_size(), rank(), "reduce_scatter", backend());
+  torch::Tensor full = input.reshape({-1}).clone();
+  auto work = all_reduce_async(full, op);
+  return std::make_shared<SliceAfterWork>(std::move(work), full, output,
+                                          shard_range(input.numel(), world_size(), rank()));
+}
+
+std::shared_ptr<Work> Communicator::all_gather_async(const torch::Tensor& input,
+                                                     torch::Tensor& output) {
+  detail::check_shard_args(output, input, world_size(), rank(), "all_gather", backend());
+  const ShardRange r = shard_range(output.numel(), world_size(), rank());
+  torch::Tensor gathered = torch::zeros({output.numel()}, output.options());
+  {
+    torch::NoGradGuard no_grad;
+    gathered.narrow(0, r.begin, r.numel()).copy_(input.reshape({-1}));
+  }
+  auto work = all_reduce_async(gathered, ReduceOp::kSum);
+  return std::make_shared<CopyAfterWork>(std::move(work), gathered, output);
 }
 
 }  // namespace mllm

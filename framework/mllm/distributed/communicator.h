@@ -67,6 +67,24 @@ class Communicator {
   // Strings may differ in length between ranks (hashes, error text).
   virtual std::vector<std::string> all_gather(const std::string& value) = 0;
 
+  // Reduce-scatter, non-blocking (ZeRO stage 1's gradient collective). `input`: [n], the same n
+  // and dtype on every rank (the dtypes of all_reduce). `output`: [shard_range(n, world_size(),
+  // rank()).numel()] of input's dtype and device; receives this rank's slice of the reduction,
+  // output[i] = reduce over ranks of input[begin + i] — for mpi bitwise what all_reduce leaves in
+  // input[begin + i]. Neither tensor may be touched until wait() returns. Throws Error for
+  // mismatched shapes, dtypes or devices (the all_reduce dtype rules otherwise), CommError when
+  // the collective fails. The base implementation all-reduces a copy of `input` (twice the
+  // traffic); the mpi, nccl and single backends override it with a real reduce-scatter.
+  virtual std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& input,
+                                                     torch::Tensor& output, ReduceOp op);
+  // All-gather, non-blocking (ZeRO stage 1's parameter collective): `input` is this rank's slice
+  // [shard_range(n, world_size(), rank()).numel()], `output` [n] (same dtype and device)
+  // receives every rank's slice at its range, this rank's included. `input` may be a view of
+  // `output` at this rank's range (in place). Same rules and errors as reduce_scatter_async; the
+  // base implementation all-reduces a zero-filled [n] buffer (exact: every element has one
+  // non-zero contribution).
+  virtual std::shared_ptr<Work> all_gather_async(const torch::Tensor& input, torch::Tensor& output);
+
   // Number of collectives this communicator has started (every call above except the getters
   // counts one, whatever its size). For tests and metrics.
   int64_t collectives_issued() const { return collectives_issued_.load(); }
@@ -77,6 +95,19 @@ class Communicator {
  private:
   std::atomic<int64_t> collectives_issued_{0};
 };
+
+// The contiguous slice of a flat buffer of `numel` elements that `rank` owns when the buffer is
+// sharded over `world` ranks (ZeRO, Rajbhandari et al. 2020): slices of c = ceil(numel / world)
+// elements in rank order, rank r owning [min(r c, numel), min((r + 1) c, numel)), so the last
+// ranks own fewer elements or none. This is the layout of NCCL's equal-count ncclReduceScatter
+// on a buffer zero-padded to world * c (and of PyTorch FSDP's flat parameters).
+struct ShardRange {
+  int64_t begin = 0;  // first element (inclusive)
+  int64_t end = 0;    // one past the last element
+  int64_t numel() const { return end - begin; }
+};
+// Throws Error for numel < 0, world < 1 or rank outside [0, world).
+ShardRange shard_range(int64_t numel, int world, int rank);
 
 // Factory signature: (dist section). A factory throws ConfigError when its backend cannot run
 // in this build or environment, CommError when set-up fails.
@@ -124,6 +155,11 @@ namespace detail {
 // Shared argument checks of every backend's all_reduce: throws Error unless `t` is defined and
 // its dtype is float32/float64/float16/bfloat16/int32/int64, and `op` is not kAvg on integers.
 void check_all_reduce_args(const torch::Tensor& t, ReduceOp op, const std::string& backend);
+// Shared checks of reduce_scatter_async / all_gather_async (`what` names the collective):
+// defined tensors of one dtype (an all_reduce dtype) and device, `full` [n] contiguous or not,
+// `shard` with shard_range(n, world, rank).numel() elements. Throws Error naming the backend.
+void check_shard_args(const torch::Tensor& full, const torch::Tensor& shard, int world, int rank,
+                      const char* what, const std::string& backend);
 // Throws Error unless 0 <= root < world_size.
 void check_root(int root, int world_size, const std::string& backend);
 }  // namespace detail

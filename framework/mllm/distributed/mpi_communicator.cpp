@@ -157,6 +157,79 @@ void rank_ordered_all_reduce(void* data, int64_t count, torch::ScalarType dtype,
   }
 }
 
+namespace {
+// Counts and displacements of the shard_range slices of `count` elements, as MPI ints.
+void shard_layout(int64_t count, int world, std::vector<int>& counts, std::vector<int>& displs) {
+  if (count > INT_MAX)
+    throw Error(fmt::format("mpi backend: a sharded buffer of {} elements is over MPI's int counts "
+                            "({}); use smaller buckets (dist.bucket_mb)",
+                            count, INT_MAX));
+  counts.resize(world);
+  displs.resize(world);
+  for (int r = 0; r < world; ++r) {
+    const ShardRange s = shard_range(count, world, r);
+    counts[r] = static_cast<int>(s.numel());
+    displs[r] = static_cast<int>(s.begin);
+  }
+}
+}  // namespace
+
+void rank_ordered_reduce_scatter(const void* in, int64_t count, torch::ScalarType dtype, ReduceOp op,
+                                 void* out, MPI_Comm comm, int rank, int world,
+                                 std::vector<char>& scratch) {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  std::vector<int> counts, displs;
+  shard_layout(count, world, counts, displs);
+  const int mine = counts[rank];
+  const char* my_slice = static_cast<const char*>(in) + int64_t{displs[rank]} * elem;
+  if (world == 1 || count == 0) {
+    if (mine > 0) std::memcpy(out, my_slice, static_cast<size_t>(mine * elem));
+    return;
+  }
+  // As all_reduce_piece's large path: each rank's slice of every buffer goes to its owner, which
+  // reduces the rows in rank order (its own row read in place).
+  std::vector<int> send_counts(counts), recv_counts(world, mine), recv_displs(world);
+  send_counts[rank] = 0;
+  recv_counts[rank] = 0;
+  for (int r = 0; r < world; ++r) recv_displs[r] = r * mine;
+  scratch.resize(static_cast<size_t>(std::max<int64_t>(int64_t{mine} * world * elem, 1)));
+  const MPI_Datatype dt = mpi_type(dtype);
+  MPI_Request req;
+  check_mpi(MPI_Ialltoallv(in, send_counts.data(), displs.data(), dt, scratch.data(),
+                           recv_counts.data(), recv_displs.data(), dt, comm, &req),
+            "MPI_Ialltoallv (reduce_scatter)", rank);
+  wait_request(&req, "MPI_Ialltoallv (reduce_scatter)", rank);
+  if (mine == 0) return;
+  std::vector<const void*> rows(world);
+  for (int r = 0; r < world; ++r)
+    rows[r] = r == rank ? static_cast<const void*>(my_slice) : scratch.data() + int64_t{r} * mine * elem;
+  reduce_rows_typed(rows, mine, op, out, dtype);
+}
+
+void shard_all_gather(const void* in, int64_t count, torch::ScalarType dtype, void* out,
+                      MPI_Comm comm, int rank, int world) {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  std::vector<int> counts, displs;
+  shard_layout(count, world, counts, displs);
+  char* my_slice = static_cast<char*>(out) + int64_t{displs[rank]} * elem;
+  if (world == 1 || count == 0) {
+    if (in != my_slice && counts[rank] > 0)
+      std::memmove(my_slice, in, static_cast<size_t>(counts[rank] * elem));
+    return;
+  }
+  const MPI_Datatype dt = mpi_type(dtype);
+  MPI_Request req;
+  if (in == my_slice) {
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(),
+                              dt, comm, &req),
+              "MPI_Iallgatherv (all_gather)", rank);
+  } else {
+    check_mpi(MPI_Iallgatherv(in, counts[rank], dt, out, counts.data(), displs.data(), dt, comm, &req),
+              "MPI_Iallgatherv (all_gather)", rank);
+  }
+  wait_request(&req, "MPI_Iallgatherv (all_gather)", rank);
+}
+
 }  // namespace detail
 
 MpiCommunicator::MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
@@ -237,6 +310,65 @@ std::shared_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& t, Reduce
 }
 
 void MpiCommunicator::all_reduce(torch::Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
+
+namespace {
+// True when MPI can work on `t` in place: a contiguous CPU tensor of an MPI dtype.
+bool mpi_native(const torch::Tensor& t) {
+  const auto st = t.scalar_type();
+  return t.device().is_cpu() && t.is_contiguous() &&
+         (st == torch::kFloat || st == torch::kDouble || st == torch::kInt || st == torch::kLong);
+}
+}  // namespace
+
+std::shared_ptr<Work> MpiCommunicator::reduce_scatter_async(const torch::Tensor& input,
+                                                            torch::Tensor& output, ReduceOp op) {
+  detail::check_shard_args(input, output, world_, rank_, "reduce_scatter", "mpi");
+  detail::check_all_reduce_args(input, op, "mpi");
+  count_collective();
+  // Blocking copies for CPU staging (other dtypes, devices or strides): the data must be in
+  // place before the communication thread reads it.
+  torch::Tensor in = detail::staging_for(input);
+  torch::Tensor out = mpi_native(output) && output.scalar_type() == in.scalar_type()
+                          ? output
+                          : torch::empty({output.numel()}, in.options());
+  torch::Tensor target = output;
+  const std::string what =
+      detail::describe(fmt::format("reduce_scatter({})", reduce_op_name(op)).c_str(), input);
+  return detail::submit_mpi_task(what, rank_, timeout_s_, [=]() mutable {
+    detail::rank_ordered_reduce_scatter(in.data_ptr(), in.numel(), in.scalar_type(), op,
+                                        out.data_ptr(), comm_, rank_, world_, scratch_);
+    if (!out.is_same(target)) {
+      torch::NoGradGuard no_grad;
+      target.copy_(out.view(target.sizes()));
+    }
+  });
+}
+
+std::shared_ptr<Work> MpiCommunicator::all_gather_async(const torch::Tensor& input,
+                                                        torch::Tensor& output) {
+  detail::check_shard_args(output, input, world_, rank_, "all_gather", "mpi");
+  count_collective();
+  torch::Tensor out = detail::staging_for(output);
+  torch::Tensor flat = out.view({-1});
+  const ShardRange mine = shard_range(output.numel(), world_, rank_);
+  // In place when `input` is `output`'s own slice and MPI works on `output` directly.
+  const bool in_place = out.is_same(output) && mine.numel() > 0 && input.is_contiguous() &&
+                        input.data_ptr() == flat.narrow(0, mine.begin, mine.numel()).data_ptr();
+  torch::Tensor in = in_place ? flat.narrow(0, mine.begin, mine.numel())
+                              : input.to(out.options(), /*non_blocking=*/false, /*copy=*/true)
+                                    .contiguous()
+                                    .view({-1});
+  torch::Tensor target = output;
+  const std::string what = detail::describe("all_gather", output);
+  return detail::submit_mpi_task(what, rank_, timeout_s_, [=]() mutable {
+    detail::shard_all_gather(in.data_ptr(), flat.numel(), flat.scalar_type(), flat.data_ptr(),
+                             comm_, rank_, world_);
+    if (!out.is_same(target)) {
+      torch::NoGradGuard no_grad;
+      target.copy_(out.view(target.sizes()));
+    }
+  });
+}
 
 void MpiCommunicator::broadcast(torch::Tensor& t, int root) {
   detail::check_root(root, world_, "mpi");

@@ -42,6 +42,14 @@ class MpiCommunicator : public Communicator {
   // thread waits for it (a CUDA event), reduces and copies the result back before wait() returns.
   void all_reduce(torch::Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
+  // Rank-ordered like all_reduce: rank r's output slice is bitwise what all_reduce leaves at its
+  // range. MPI_Ialltoallv of the slices + local reduction (reduce-scatter), MPI_Iallgatherv
+  // (all-gather): each rank sends and receives (N-1)/N of the buffer, half an all-reduce. Staging
+  // as in all_reduce (CPU copies for other dtypes or devices). Throws Error for buffers over
+  // INT_MAX elements (MPI's int counts), besides the shared checks.
+  std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                             ReduceOp op) override;
+  std::shared_ptr<Work> all_gather_async(const torch::Tensor& input, torch::Tensor& output) override;
   void broadcast(torch::Tensor& t, int root) override;
   void barrier() override;
   std::vector<int64_t> all_gather(int64_t value) override;
@@ -74,6 +82,17 @@ namespace detail {
 // Throws CommError (naming the MPI call, `rank` and the code) when MPI fails.
 void rank_ordered_all_reduce(void* data, int64_t count, torch::ScalarType dtype, ReduceOp op,
                              MPI_Comm comm, int rank, int world, std::vector<char>& scratch);
+
+// Rank-ordered reduce-scatter of `count` elements of `dtype` at `in` over `comm`: `out` receives
+// shard_range(count, world, rank)'s slice, reduced in rank order (bitwise all_reduce's values).
+// `in` and `out` must not overlap. Throws CommError when MPI fails, Error for count > INT_MAX.
+void rank_ordered_reduce_scatter(const void* in, int64_t count, torch::ScalarType dtype, ReduceOp op,
+                                 void* out, MPI_Comm comm, int rank, int world,
+                                 std::vector<char>& scratch);
+// All-gather of the shard_range slices: `in` (this rank's slice; may be `out` + its begin, in
+// place) into `out` [count]. Throws CommError when MPI fails, Error for count > INT_MAX.
+void shard_all_gather(const void* in, int64_t count, torch::ScalarType dtype, void* out,
+                      MPI_Comm comm, int rank, int world);
 
 // Buffers up to this many bytes take the all-gather path (latency-bound anyway).
 constexpr int64_t kAllGatherPathMaxBytes = 64 * 1024;

@@ -21,6 +21,11 @@ class SingleCommunicator : public Communicator {
   void all_reduce(torch::Tensor& t, ReduceOp op) override;
   // Returns an already finished handle.
   std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
+  // The whole buffer is rank 0's shard: both copy `input` into `output` (blocking), unless they
+  // are the same memory; the handle is finished.
+  std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                             ReduceOp op) override;
+  std::shared_ptr<Work> all_gather_async(const torch::Tensor& input, torch::Tensor& output) override;
   void broadcast(torch::Tensor& t, int root) override;
   void barrier() override;
   std::vector<int64_t> all_gather(int64_t value) override;

@@ -164,3 +164,38 @@ TEST(AsyncWork, TaskErrorsComeBackFromWait) {
   auto work = mllm::detail::submit_mpi_task("failing", 0, 10.0, [] { throw CommError("boom"); });
   EXPECT_THROW(work->wait(), CommError);
 }
+
+// shard_range against slices written out by hand: ceil(numel / world) per rank in rank order.
+TEST(ShardRange, CeilSlicesInRankOrder) {
+  auto r = [](int64_t numel, int world, int rank) {
+    const ShardRange s = shard_range(numel, world, rank);
+    return std::make_pair(s.begin, s.end);
+  };
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(r(10, 4, 0), P(0, 3));   // c = 3: 3 3 3 1
+  EXPECT_EQ(r(10, 4, 3), P(9, 10));
+  EXPECT_EQ(r(8, 4, 1), P(2, 4));    // c = 2: even
+  EXPECT_EQ(r(5, 4, 2), P(4, 5));    // c = 2: 2 2 1 0
+  EXPECT_EQ(r(5, 4, 3), P(5, 5));
+  EXPECT_EQ(r(1, 3, 2), P(1, 1));    // c = 1: 1 0 0
+  EXPECT_EQ(r(0, 2, 1), P(0, 0));
+  EXPECT_EQ(r(7, 1, 0), P(0, 7));
+  EXPECT_THROW(shard_range(-1, 2, 0), Error);
+  EXPECT_THROW(shard_range(4, 0, 0), Error);
+  EXPECT_THROW(shard_range(4, 2, 2), Error);
+}
+
+TEST(SingleCommunicator, ShardCollectivesCopyTheWholeBuffer) {
+  auto comm = single();
+  Communicator& c = *comm;
+  auto input = torch::arange(6, torch::kFloat);
+  auto out = torch::zeros({6});
+  c.reduce_scatter_async(input, out, ReduceOp::kAvg)->wait();
+  EXPECT_TRUE(torch::equal(out, input));
+  auto gathered = torch::zeros({2, 3});
+  c.all_gather_async(input, gathered)->wait();
+  EXPECT_TRUE(torch::equal(gathered.view({-1}), input));
+  auto too_small = torch::zeros({5});
+  EXPECT_THROW(c.reduce_scatter_async(input, too_small, ReduceOp::kSum), Error);
+  EXPECT_EQ(c.collectives_issued(), 2);
+}

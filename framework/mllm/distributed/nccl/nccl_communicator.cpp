@@ -196,6 +196,72 @@ std::shared_ptr<Work> NcclCommunicator::all_reduce_async(torch::Tensor& t, Reduc
 
 void NcclCommunicator::all_reduce(torch::Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
 
+std::shared_ptr<Work> NcclCommunicator::reduce_scatter_async(const torch::Tensor& input,
+                                                             torch::Tensor& output, ReduceOp op) {
+  if (!input.is_cuda()) return mpi_->reduce_scatter_async(input, output, op);
+  detail::check_shard_args(input, output, world_size(), rank(), "reduce_scatter", "nccl");
+  detail::check_all_reduce_args(input, op, "nccl");
+  count_collective();
+  const int64_t n = input.numel(), world = world_size();
+  const int64_t c = (n + world - 1) / world;
+  torch::Tensor send = input.reshape({-1});
+  if (c * world != n || !send.is_contiguous()) {
+    torch::Tensor padded = torch::zeros({c * world}, input.options());
+    padded.narrow(0, 0, n).copy_(send);
+    send = padded;
+  }
+  // NCCL writes c elements; a shorter last shard receives them through a scratch buffer.
+  torch::Tensor recv = (output.is_contiguous() && output.numel() == c)
+                           ? output.view({-1})
+                           : torch::empty({c}, input.options());
+  const auto device = send.device().index();
+  auto producer = c10::cuda::getCurrentCUDAStream(device);
+  auto event = core_->reduce_scatter(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(c),
+                                     to_core(send.scalar_type()), to_core(op), producer.stream());
+  auto nccl_stream = c10::cuda::getStreamFromExternal(core_->stream(), device);
+  c10::cuda::CUDACachingAllocator::recordStream(send.storage().data_ptr(), nccl_stream);
+  c10::cuda::CUDACachingAllocator::recordStream(recv.storage().data_ptr(), nccl_stream);
+  watchdog_->watch(event, fmt::format("reduce_scatter({}) of {} {} elements", reduce_op_name(op), n,
+                                      c10::toString(input.scalar_type())));
+  torch::Tensor result = recv.narrow(0, 0, output.numel()).view(output.sizes());
+  return std::make_shared<NcclWork>(std::move(event), output,
+                                    recv.data_ptr() == output.data_ptr() && output.is_contiguous()
+                                        ? output
+                                        : result);
+}
+
+std::shared_ptr<Work> NcclCommunicator::all_gather_async(const torch::Tensor& input,
+                                                         torch::Tensor& output) {
+  if (!output.is_cuda()) return mpi_->all_gather_async(input, output);
+  detail::check_shard_args(output, input, world_size(), rank(), "all_gather", "nccl");
+  count_collective();
+  const int64_t n = output.numel(), world = world_size();
+  const int64_t c = (n + world - 1) / world;
+  torch::Tensor send = input.reshape({-1});
+  if (send.numel() != c || !send.is_contiguous()) {
+    torch::Tensor padded = torch::zeros({c}, output.options());
+    padded.narrow(0, 0, send.numel()).copy_(send);
+    send = padded;
+  }
+  torch::Tensor recv = (output.is_contiguous() && c * world == n)
+                           ? output.view({-1})
+                           : torch::empty({c * world}, output.options());
+  const auto device = recv.device().index();
+  auto producer = c10::cuda::getCurrentCUDAStream(device);
+  auto event = core_->all_gather(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(c),
+                                 to_core(recv.scalar_type()), producer.stream());
+  auto nccl_stream = c10::cuda::getStreamFromExternal(core_->stream(), device);
+  c10::cuda::CUDACachingAllocator::recordStream(send.storage().data_ptr(), nccl_stream);
+  c10::cuda::CUDACachingAllocator::recordStream(recv.storage().data_ptr(), nccl_stream);
+  watchdog_->watch(event, fmt::format("all_gather of {} {} elements", n,
+                                      c10::toString(output.scalar_type())));
+  torch::Tensor result = recv.narrow(0, 0, n).view(output.sizes());
+  return std::make_shared<NcclWork>(std::move(event), output,
+                                    recv.data_ptr() == output.data_ptr() && output.is_contiguous()
+                                        ? output
+                                        : result);
+}
+
 void NcclCommunicator::broadcast(torch::Tensor& t, int root) {
   if (!t.is_cuda()) return mpi_->broadcast(t, root);
   detail::check_root(root, world_size(), "nccl");

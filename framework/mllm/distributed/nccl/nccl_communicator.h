@@ -36,6 +36,13 @@ class NcclCommunicator : public Communicator {
   // it too early. CPU tensors: delegated to MPI.
   void all_reduce(torch::Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override;
+  // ncclReduceScatter / ncclAllGather on CUDA tensors (ordered like all_reduce). NCCL slices
+  // equally, so a buffer whose size is not a multiple of the world size goes through a
+  // zero-padded copy of world * ceil(n / world) elements (shard_range's layout); CPU tensors go
+  // to MPI.
+  std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                             ReduceOp op) override;
+  std::shared_ptr<Work> all_gather_async(const torch::Tensor& input, torch::Tensor& output) override;
   void broadcast(torch::Tensor& t, int root) override;
   void barrier() override;
   std::vector<int64_t> all_gather(int64_t value) override;

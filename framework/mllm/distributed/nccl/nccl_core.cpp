@@ -208,6 +208,30 @@ std::shared_ptr<NcclEvent> NcclCore::all_reduce(void* buf, size_t count, DataTyp
   return done;
 }
 
+std::shared_ptr<NcclEvent> NcclCore::reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                                    DataType dtype, RedOp op, Stream producer) {
+  if (aborted_) throw CommError("nccl backend: reduce_scatter on an aborted communicator");
+  DeviceGuard g(device_, rank_);
+  order_after(producer);
+  check_nccl(ncclReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), comm_, stream_),
+             "ncclReduceScatter", rank_, comm_);
+  std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
+  check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
+  return done;
+}
+
+std::shared_ptr<NcclEvent> NcclCore::all_gather(const void* send, void* recv, size_t send_count,
+                                                DataType dtype, Stream producer) {
+  if (aborted_) throw CommError("nccl backend: all_gather on an aborted communicator");
+  DeviceGuard g(device_, rank_);
+  order_after(producer);
+  check_nccl(ncclAllGather(send, recv, send_count, to_nccl(dtype), comm_, stream_), "ncclAllGather",
+             rank_, comm_);
+  std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
+  check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
+  return done;
+}
+
 std::shared_ptr<NcclEvent> NcclCore::broadcast(void* buf, size_t bytes, int root, Stream producer) {
   if (aborted_) throw CommError("nccl backend: broadcast on an aborted communicator");
   if (root < 0 || root >= world_) {

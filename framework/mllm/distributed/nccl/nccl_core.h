@@ -77,6 +77,15 @@ class NcclCore {
   // null for the legacy default stream). Returns its completion event. Throws CommError.
   std::shared_ptr<NcclEvent> all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
                                         Stream producer);
+  // Reduce-scatter: `send` holds world_size * `recv_count` elements, this rank's `recv` receives
+  // the reduction of send[rank * recv_count, (rank + 1) * recv_count) (ncclReduceScatter; `recv`
+  // may be send + rank * recv_count). Ordered and returned like all_reduce.
+  std::shared_ptr<NcclEvent> reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                            DataType dtype, RedOp op, Stream producer);
+  // All-gather: `send_count` elements from every rank into `recv` [world_size * send_count] in
+  // rank order (ncclAllGather; `send` may be recv + rank * send_count). Ordered like all_reduce.
+  std::shared_ptr<NcclEvent> all_gather(const void* send, void* recv, size_t send_count,
+                                        DataType dtype, Stream producer);
   // In-place broadcast of `bytes` bytes at device pointer `buf` from `root`, ordered the same way.
   std::shared_ptr<NcclEvent> broadcast(void* buf, size_t bytes, int root, Stream producer);
 
