@@ -208,6 +208,11 @@ TEST(MpiCommunicator, ReduceScatterIsRankOrderedSliceOfAllReduce) {
         const float ar = reduced[i].item<float>();
         ASSERT_EQ(std::memcmp(&got, &ar, sizeof got), 0) << "differs from all_reduce at " << i;
       }
+      // In place: the output is the input's own slice (as DataParallel at ZeRO stage 1 uses it).
+      auto buffer = input.clone();
+      auto own = buffer.narrow(0, mine.begin, mine.numel());
+      c->reduce_scatter_async(buffer, own, op)->wait();
+      ASSERT_TRUE(torch::equal(own, out)) << "in place differs, numel " << numel;
     }
   }
 }

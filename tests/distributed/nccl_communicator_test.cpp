@@ -96,3 +96,29 @@ TEST(MpiCommunicator, StagesCudaTensorsThroughPinnedHostMemory) {
   m->all_reduce_async(h, ReduceOp::kSum)->wait();
   EXPECT_EQ(h.to(torch::kFloat).cpu()[999].item<float>(), 0.5f * n);
 }
+
+// ZeRO's collectives on CUDA: the reduce-scatter slice and the all-gather against the same
+// collectives of the mpi backend on CPU copies (rank-ordered sums; NCCL's order may differ, so
+// float32 values are small integers, exact in any order), on a size that divides the world and
+// one that does not (NCCL's equal-count calls on a zero-padded buffer).
+TEST(NcclCommunicator, ReduceScatterAndAllGatherMatchMpi) {
+  auto c = nccl_world();
+  const int n = c->world_size(), r = c->rank();
+  for (int64_t numel : {int64_t{4} * n, int64_t{4} * n + 3}) {
+    auto cpu = torch::arange(numel, torch::kFloat).fmod(7) + r;  // integers: exact sums
+    const ShardRange mine = shard_range(numel, n, r);
+    auto gpu_out = torch::zeros({mine.numel()}, torch::TensorOptions().device(my_device()));
+    c->reduce_scatter_async(cpu.to(my_device()), gpu_out, ReduceOp::kSum)->wait();
+    torch::Tensor want = torch::zeros({mine.numel()});
+    for (int q = 0; q < n; ++q) want += torch::arange(numel, torch::kFloat).fmod(7).narrow(0, mine.begin, mine.numel()) + q;
+    EXPECT_TRUE(torch::equal(gpu_out.cpu(), want)) << "numel " << numel;
+    auto gathered = torch::full({numel}, -1.0f, torch::TensorOptions().device(my_device()));
+    c->all_gather_async(gpu_out, gathered)->wait();
+    for (int q = 0; q < n; ++q) {
+      const ShardRange s = shard_range(numel, n, q);
+      torch::Tensor slice = torch::zeros({s.numel()});
+      for (int k = 0; k < n; ++k) slice += torch::arange(numel, torch::kFloat).fmod(7).narrow(0, s.begin, s.numel()) + k;
+      EXPECT_TRUE(torch::equal(gathered.cpu().narrow(0, s.begin, s.numel()), slice)) << "rank " << q;
+    }
+  }
+}

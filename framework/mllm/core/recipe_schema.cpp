@@ -363,6 +363,9 @@ KeySpec recipe_schema(Recipe& r) {
           key("timeout_s", r.dist.timeout_s, "seconds a collective may take before the job aborts", positive()),
           key("check_every_steps", r.dist.check_every_steps, "every N steps compare a hash of every "
               "rank's weights and optimizer state; a mismatch stops the run (0 = off)", at_least(0)),
+          key("zero_stage", r.dist.zero_stage, "0: every rank holds all AdamW state; 1: each rank "
+              "holds the state of its 1/N slice of every bucket (ZeRO stage 1: reduce-scatter, "
+              "sharded update, all-gather)", in_range(0, 1)),
       }),
       section("checkpoint", "checkpoints and resume", {
           key("every_steps", r.checkpoint.every_steps, "save every N steps (0 = only at the end)", at_least(0)),

@@ -71,7 +71,9 @@ class Communicator {
   // and dtype on every rank (the dtypes of all_reduce). `output`: [shard_range(n, world_size(),
   // rank()).numel()] of input's dtype and device; receives this rank's slice of the reduction,
   // output[i] = reduce over ranks of input[begin + i] — for mpi bitwise what all_reduce leaves in
-  // input[begin + i]. Neither tensor may be touched until wait() returns. Throws Error for
+  // input[begin + i]. `output` may be `input`'s own slice (a view of input at this rank's range:
+  // in place, no second buffer); no other overlap. Neither tensor may be touched until wait()
+  // returns. Throws Error for
   // mismatched shapes, dtypes or devices (the all_reduce dtype rules otherwise), CommError when
   // the collective fails. The base implementation all-reduces a copy of `input` (twice the
   // traffic); the mpi, nccl and single backends override it with a real reduce-scatter.

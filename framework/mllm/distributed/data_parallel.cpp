@@ -92,8 +92,12 @@ torch::Tensor bucket_alias(const torch::Tensor& buffer, int64_t offset, at::IntA
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
-                           std::shared_ptr<Communicator> comm, int64_t bucket_bytes)
-    : model_(std::move(model)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes) {
+                           std::shared_ptr<Communicator> comm, int64_t bucket_bytes, int zero_stage)
+    : model_(std::move(model)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
+      zero_stage_(zero_stage) {
+  if (zero_stage_ != 0 && zero_stage_ != 1)
+    throw Error(fmt::format("DataParallel: zero_stage must be 0 or 1, got {} (dist.zero_stage)",
+                            zero_stage_));
   if (!model_) throw Error("DataParallel: model is null");
   if (!comm_) throw Error("DataParallel: communicator is null");
   if (bucket_bytes_ <= 0)
@@ -124,6 +128,31 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     }
     b.pending = static_cast<int>(b.params.size());
     buckets_.push_back(std::move(b));
+  }
+  if (zero_stage_ == 1) {
+    // This rank's slice of each flat bucket, cut at parameter boundaries into segments.
+    const int world = comm_->world_size(), rank = comm_->rank();
+    for (auto& b : buckets_) {
+      b.shard = shard_range(b.numel, world, rank);  // grad_shard: set at the first launch
+      for (size_t i : b.params) {
+        const Param& p = params_[i];
+        if (!p.tensor.is_contiguous())
+          throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + p.name + "' is not");
+        const int64_t lo = std::max(b.shard.begin, p.offset);
+        const int64_t hi = std::min(b.shard.end, p.offset + p.tensor.numel());
+        if (lo >= hi) continue;
+        ShardSegment seg;
+        seg.name = p.name;
+        seg.begin = lo - p.offset;
+        seg.end = hi - p.offset;
+        seg.param_numel = p.tensor.numel();
+        seg.param = torch::empty({0}, p.tensor.options().requires_grad(false));
+        b.segments.push_back(segments_.size());
+        segments_.push_back(std::move(seg));
+        segment_param_.push_back(i);
+      }
+    }
+    point_segments_at_params();
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
@@ -289,8 +318,21 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
   }
   b.buffer.narrow(0, b.numel, n_params).copy_(torch::from_blob(flags.data(), {n_params}, torch::kFloat));
   b.all_local = std::all_of(flags.begin(), flags.end(), [](float f) { return f > 0; });
-  collectives_issued_ += 1;
-  b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
+  if (zero_stage_ == 1) {
+    // The flags are needed everywhere (which parameters got a gradient), the gradients only in
+    // each rank's slice.
+    torch::Tensor flags_view = b.buffer.narrow(0, b.numel, n_params);
+    torch::Tensor grads = b.buffer.narrow(0, 0, b.numel);
+    // In place: this rank's averaged slice lands on its own slice of the bucket (no second
+    // gradient buffer; the rest of the bucket keeps this rank's local sums).
+    if (!b.grad_shard.defined()) b.grad_shard = b.buffer.narrow(0, b.shard.begin, b.shard.numel());
+    collectives_issued_ += 2;
+    b.flags_work = comm_->all_reduce_async(flags_view, ReduceOp::kAvg);
+    b.work = comm_->reduce_scatter_async(grads, b.grad_shard, ReduceOp::kAvg);
+  } else {
+    collectives_issued_ += 1;
+    b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
+  }
   b.launched = true;
 }
 
@@ -300,6 +342,7 @@ void DataParallel::reset_step_locked() {
     b.pending = static_cast<int>(b.params.size());
     b.launched = false;
     b.work.reset();
+    b.flags_work.reset();
   }
   next_launch_ = 0;
   in_flight_ = false;
@@ -319,6 +362,34 @@ void DataParallel::finish_gradient_sync() {
     }
     launch_ready_buckets_locked();
     torch::NoGradGuard no_grad;
+    if (zero_stage_ == 1) {
+      point_segments_at_params();  // Module::load (a resume) may have replaced the storage
+      for (auto& b : buckets_) {
+        b.flags_work->wait();
+        b.work->wait();
+        const int64_t n_params = static_cast<int64_t>(b.params.size());
+        torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
+        const double* f = flags.data_ptr<double>();
+        std::vector<bool> used(params_.size(), false);
+        for (int64_t k = 0; k < n_params; ++k) used[b.params[k]] = f[k] > 0;
+        for (size_t si : b.segments) {
+          ShardSegment& seg = segments_[si];
+          const Param& p = params_[segment_param_[si]];
+          if (!used[segment_param_[si]]) {
+            seg.param.mutable_grad() = torch::Tensor();  // no rank had a gradient for it
+            continue;
+          }
+          const int64_t at = p.offset + seg.begin - b.shard.begin;
+          torch::Tensor& g = seg.param.mutable_grad();
+          const void* want = static_cast<char*>(b.grad_shard.data_ptr()) +
+                             at * static_cast<int64_t>(b.grad_shard.element_size());
+          if (!g.defined() || g.data_ptr() != want)
+            g = bucket_alias(b.grad_shard, at, {seg.end - seg.begin});
+        }
+      }
+      reset_step_locked();
+      return;
+    }
     for (auto& b : buckets_) {
       b.work->wait();
       // Every parameter of the bucket had a gradient here, so after the average every flag is
@@ -354,6 +425,32 @@ double DataParallel::clip_grad_norm(double max_norm) {
       throw Error("DataParallel::clip_grad_norm called while a gradient sync is in flight; call "
                   "finish_gradient_sync() first");
   }
+  if (zero_stage_ == 1) {
+    // Each rank's slices: partial sums of squares, one all-reduce, the same norm everywhere.
+    double partial = 0.0;
+    torch::Tensor device_sq;
+    for (const auto& b : buckets_) {
+      if (b.shard.numel() == 0) continue;
+      if (b.grad_shard.device().is_cpu()) {
+        partial += sum_of_squares(b.grad_shard);
+      } else {
+        torch::NoGradGuard no_grad;
+        torch::Tensor s = b.grad_shard.to(torch::kDouble).square().sum();
+        device_sq = device_sq.defined() ? device_sq + s : s;
+      }
+    }
+    if (device_sq.defined()) partial += device_sq.item<double>();
+    torch::Tensor total = torch::tensor({partial}, torch::kDouble);
+    collectives_issued_ += 1;
+    comm_->all_reduce(total, ReduceOp::kSum);
+    const double norm = std::sqrt(total.item<double>());
+    if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+      torch::NoGradGuard no_grad;
+      for (auto& b : buckets_)
+        if (b.shard.numel() > 0) b.grad_shard.mul_(max_norm / norm);
+    }
+    return norm;
+  }
   double sq = 0.0;
   torch::Tensor device_sq;  // GPU gradients: summed on the device, read back once
   for (const auto& p : params_) {
@@ -378,6 +475,66 @@ double DataParallel::clip_grad_norm(double max_norm) {
     }
   }
   return norm;
+}
+
+void DataParallel::point_segments_at_params() {
+  torch::NoGradGuard no_grad;
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    ShardSegment& seg = segments_[si];
+    const torch::Tensor& p = params_[segment_param_[si]].tensor;
+    if (!p.is_contiguous())
+      throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + seg.name + "' is not");
+    if (seg.param.numel() > 0 && seg.param.storage().is_alias_of(p.storage()) &&
+        seg.param.storage_offset() == p.storage_offset() + seg.begin)
+      continue;
+    // The same tensor object (the optimizer keys its state by it), re-aimed at the parameter.
+    seg.param.set_(p.storage(), p.storage_offset() + seg.begin, {seg.end - seg.begin}, {1});
+  }
+}
+
+void DataParallel::all_gather_params() {
+  if (zero_stage_ == 0) return;
+  torch::NoGradGuard no_grad;
+  point_segments_at_params();
+  for (auto& b : buckets_) {
+    const torch::Tensor& first = params_[b.params.front()].tensor;
+    if (!gather_scratch_.defined() || gather_scratch_.numel() < b.numel ||
+        gather_scratch_.scalar_type() != first.scalar_type() ||
+        gather_scratch_.device() != first.device()) {
+      int64_t most = 0;
+      for (const auto& c : buckets_)
+        if (params_[c.params.front()].tensor.scalar_type() == first.scalar_type()) most = std::max(most, c.numel);
+      gather_scratch_ = torch::empty({most}, first.options().requires_grad(false));
+    }
+    torch::Tensor flat = gather_scratch_.narrow(0, 0, b.numel);
+    for (size_t si : b.segments) {
+      const ShardSegment& seg = segments_[si];
+      flat.narrow(0, params_[segment_param_[si]].offset + seg.begin, seg.end - seg.begin).copy_(seg.param);
+    }
+    torch::Tensor mine = flat.narrow(0, b.shard.begin, b.shard.numel());
+    collectives_issued_ += 1;
+    comm_->all_gather_async(mine, flat)->wait();
+    for (size_t i : b.params) {
+      Param& p = params_[i];
+      p.tensor.view({-1}).copy_(flat.narrow(0, p.offset, p.tensor.numel()));
+    }
+  }
+}
+
+DataParallel::Footprint DataParallel::footprint() const {
+  Footprint f;
+  for (const auto& p : params_) {
+    const int64_t bytes = p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
+    f.param_bytes += bytes;
+    f.grad_bytes += bytes;  // the bucket buffers (at stage 1 the averaged slice is in place)
+    if (zero_stage_ == 0) f.optimizer_elements += p.tensor.numel();
+  }
+  for (const auto& b : buckets_) {
+    const int64_t elem = static_cast<int64_t>(params_[b.params.front()].tensor.element_size());
+    f.grad_bytes += static_cast<int64_t>(b.params.size()) * elem;  // the "used" flags
+    if (zero_stage_ == 1) f.optimizer_elements += b.shard.numel();
+  }
+  return f;
 }
 
 }  // namespace mllm

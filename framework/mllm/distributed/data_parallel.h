@@ -26,8 +26,16 @@ class DataParallel {
   // Parameters shared under two names count once. Sync starts enabled. Build it after the model
   // is on its device and in its final dtype (buckets are planned per dtype and device).
   // Throws Error when bucket_bytes <= 0 or model/comm is null.
+  //
+  // `zero_stage` 1 (ZeRO stage 1, Rajbhandari et al. 2020, "optimizer state partitioning"): each
+  // bucket's gradient is reduce-scattered instead of all-reduced, so this rank ends the step with
+  // the averaged gradient of its contiguous slice of every flat bucket (shard_range) only. The
+  // slices are exposed as shard_segments(), one per (parameter, slice) intersection, which an
+  // optimizer updates in place (they alias the parameters' memory); all_gather_params() then
+  // brings every rank's updated slices back into every replica. Throws Error for a zero_stage
+  // other than 0 or 1.
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<Communicator> comm,
-               int64_t bucket_bytes);
+               int64_t bucket_bytes, int zero_stage = 0);
   // Removes the hooks.
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -71,11 +79,44 @@ class DataParallel {
   // Throws CommError when a collective fails.
   void finish_gradient_sync();
 
+  // Stage 1 only. A contiguous piece of one parameter that this rank updates: elements
+  // [begin, end) of the flattened parameter `name`. `param` is a 1-D tensor [end - begin] (the
+  // parameter's dtype and device) aliasing the parameter's own memory; after
+  // finish_gradient_sync its .grad aliases the averaged gradient of those elements, or is
+  // undefined when no rank had a gradient for the parameter. Segments are in bucket order, then
+  // parameter order within the bucket; the same on every run with the same model, bucket size
+  // and world size.
+  struct ShardSegment {
+    std::string name;
+    int64_t begin = 0, end = 0;
+    int64_t param_numel = 0;  // elements of the whole parameter
+    torch::Tensor param;
+  };
+  const std::vector<ShardSegment>& shard_segments() const { return segments_; }
+  int zero_stage() const { return zero_stage_; }
+
+  // Stage 1, collective: after the optimizer updated this rank's segments, all-gathers every
+  // bucket's slices so that every rank's parameters are bitwise identical again. One
+  // all-gather per bucket, all in flight at once. No-op at stage 0. Throws CommError.
+  void all_gather_params();
+
+  // Bytes this rank stores for the parameters and the gradients (the bucket buffers; at stage 1
+  // the averaged slice is reduce-scattered in place into them), and the number of elements whose
+  // AdamW moments it keeps (all parameters at stage 0, its slices at stage 1). For the start-up
+  // memory log.
+  struct Footprint {
+    int64_t param_bytes = 0, grad_bytes = 0, optimizer_elements = 0;
+  };
+  Footprint footprint() const;
+
   // Global L2 norm of the (synced) gradients, sqrt(sum of squares) accumulated in float64 in a
   // fixed order, so identical on all ranks without communication. When max_norm > 0 and the norm
   // exceeds it, every gradient is multiplied by max_norm / norm (as torch.nn.utils.
   // clip_grad_norm_, without its 1e-6 guard, which only matters for norms near 0 where nothing is
   // clipped). A non-finite norm is returned without clipping. Returns the pre-clip norm.
+  // Stage 1: the sum of squares of this rank's gradient slices (float64, element order) is
+  // all-reduced (one collective, rank-ordered), so every rank gets the same norm; it can differ
+  // from stage 0's in the last bits (another summation order). Clipping scales the slices.
   double clip_grad_norm(double max_norm);
 
   // Collectives DataParallel itself has started (buckets, loss_scale, start-up checks).
@@ -102,6 +143,11 @@ class DataParallel {
     bool all_local = false;      // every parameter had a gradient on this rank (flags all 1)
     torch::Tensor buffer;        // [numel + params.size()], allocated on first launch
     std::shared_ptr<Work> work;
+    // Stage 1: this rank's slice of the bucket, its averaged gradient, the flags' all-reduce.
+    ShardRange shard;
+    torch::Tensor grad_shard;      // [shard.numel()], a view of buffer at shard (in place)
+    std::shared_ptr<Work> flags_work;
+    std::vector<size_t> segments;  // indices into segments_
   };
 
   void on_grad_ready(size_t param_index);          // the autograd hook
@@ -112,6 +158,11 @@ class DataParallel {
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<Communicator> comm_;
   int64_t bucket_bytes_;
+  int zero_stage_ = 0;
+  std::vector<ShardSegment> segments_;
+  std::vector<size_t> segment_param_;  // segments_[i] belongs to params_[segment_param_[i]]
+  torch::Tensor gather_scratch_;       // stage 1: [largest bucket], the all-gathers go through it
+  void point_segments_at_params();     // re-aims segments at the parameters' current storage
   std::vector<Param> params_;    // parameters that require grad, registration order
   std::vector<Bucket> buckets_;  // launch order (the same on every rank)
   size_t next_launch_ = 0;       // buckets before this one have been launched this step

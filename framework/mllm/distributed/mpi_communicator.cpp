@@ -183,7 +183,7 @@ void rank_ordered_reduce_scatter(const void* in, int64_t count, torch::ScalarTyp
   const int mine = counts[rank];
   const char* my_slice = static_cast<const char*>(in) + int64_t{displs[rank]} * elem;
   if (world == 1 || count == 0) {
-    if (mine > 0) std::memcpy(out, my_slice, static_cast<size_t>(mine * elem));
+    if (mine > 0 && out != my_slice) std::memmove(out, my_slice, static_cast<size_t>(mine * elem));
     return;
   }
   // As all_reduce_piece's large path: each rank's slice of every buffer goes to its owner, which

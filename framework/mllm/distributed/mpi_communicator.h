@@ -85,7 +85,8 @@ void rank_ordered_all_reduce(void* data, int64_t count, torch::ScalarType dtype,
 
 // Rank-ordered reduce-scatter of `count` elements of `dtype` at `in` over `comm`: `out` receives
 // shard_range(count, world, rank)'s slice, reduced in rank order (bitwise all_reduce's values).
-// `in` and `out` must not overlap. Throws CommError when MPI fails, Error for count > INT_MAX.
+// `out` may be `in`'s own slice (in place: out = in + its begin); no other overlap. Throws
+// CommError when MPI fails, Error for count > INT_MAX.
 void rank_ordered_reduce_scatter(const void* in, int64_t count, torch::ScalarType dtype, ReduceOp op,
                                  void* out, MPI_Comm comm, int rank, int world,
                                  std::vector<char>& scratch);

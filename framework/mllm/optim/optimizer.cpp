@@ -55,13 +55,25 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
-namespace {
 bool decays(const OptimConfig& cfg, const NamedParam& p) {
   if (p.is_embedding) return cfg.decay_embeddings;
   if (p.param.dim() < 2) return cfg.decay_bias_and_norm;
   return true;
 }
-}  // namespace
+
+std::shared_ptr<FusedAdamW> make_adamw(const OptimConfig& cfg, std::vector<torch::Tensor> decay,
+                                       std::vector<torch::Tensor> no_decay) {
+  auto options = [&](double wd) {
+    auto o = std::make_unique<torch::optim::AdamWOptions>(cfg.lr);
+    o->betas(std::make_tuple(cfg.betas.at(0), cfg.betas.at(1))).eps(cfg.eps).weight_decay(wd);
+    return o;
+  };
+  // Both groups always exist so that optimizer state keeps the same layout across runs.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::move(decay), options(cfg.weight_decay));
+  groups.emplace_back(std::move(no_decay), options(0.0));
+  return std::make_shared<FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(cfg.lr));
+}
 
 std::pair<std::vector<std::string>, std::vector<std::string>> weight_decay_split(
     const OptimConfig& cfg, const std::vector<NamedParam>& params) {
@@ -80,16 +92,7 @@ void register_builtin_optimizers() {
                                        const std::vector<NamedParam>& params) {
     std::vector<torch::Tensor> decay, no_decay;
     for (const auto& p : params) (decays(cfg, p) ? decay : no_decay).push_back(p.param);
-    auto options = [&](double wd) {
-      auto o = std::make_unique<torch::optim::AdamWOptions>(cfg.lr);
-      o->betas(std::make_tuple(cfg.betas.at(0), cfg.betas.at(1))).eps(cfg.eps).weight_decay(wd);
-      return o;
-    };
-    // Both groups always exist so that optimizer state keeps the same layout across runs.
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, options(cfg.weight_decay));
-    groups.emplace_back(no_decay, options(0.0));
-    return std::make_shared<FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(cfg.lr));
+    return make_adamw(cfg, std::move(decay), std::move(no_decay));
   });
 }
 

@@ -39,6 +39,15 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// FusedAdamW with the "adamw" factory's two groups: `decay` with cfg.weight_decay, `no_decay`
+// with none (both groups always exist), lr cfg.lr, cfg.betas, cfg.eps. For tensors that are not
+// the model's parameters (ZeRO stage 1's shard segments, whose group follows their parameter).
+std::shared_ptr<FusedAdamW> make_adamw(const OptimConfig& cfg, std::vector<torch::Tensor> decay,
+                                       std::vector<torch::Tensor> no_decay);
+
+// True when `p` decays under `cfg` (weight_decay_split's rule).
+bool decays(const OptimConfig& cfg, const NamedParam& p);
+
 // Factory: (optim section, parameters) -> optimizer with two groups (decay, no decay), lr set
 // to optim.lr (the schedule overwrites it every step via set_lr()).
 using OptimizerRegistry =

@@ -127,7 +127,9 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
-void write_manifest(const fs::path& dir, int inject_errno) {
+std::string optimizer_rank_file(int rank) { return fmt::format("optimizer_rank_{:02d}.pt", rank); }
+
+void write_manifest(const fs::path& dir, int inject_errno, const json& optimizer_shards) {
   json files = json::object();
   for (const auto& e : fs::directory_iterator(dir)) {
     if (!e.is_regular_file() || e.path().filename() == kManifest) continue;
@@ -135,6 +137,7 @@ void write_manifest(const fs::path& dir, int inject_errno) {
                                            {"crc32", file_crc32(e.path())}};
   }
   json m = {{"format", "mllm-checkpoint"}, {"version", 1}, {"files", files}};
+  if (!optimizer_shards.is_null()) m["optimizer_shards"] = optimizer_shards;
   write_text(dir / kManifest, m.dump(2) + "\n", inject_errno);
 }
 
@@ -145,7 +148,8 @@ std::string checkpoint_name(int64_t step) { return fmt::format("step_{:06d}", st
 std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                            const std::string& tokenizer_path, int64_t keep_last) {
+                            const std::string& tokenizer_path, int64_t keep_last,
+                            const std::vector<OptimizerPiece>* shard) {
   const fs::path dir(checkpoints_dir);
   const fs::path final_dir = dir / checkpoint_name(state.step);
   const fs::path tmp_dir = dir / (".tmp_" + checkpoint_name(state.step));
@@ -183,6 +187,37 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
       save_torch(pc, injected_errno(step, pc), [&](auto& w) { torch::save(cuda_rng, w); });
     }
   }
+  // ZeRO stage 1: every rank's own AdamW state, and rank 0 learns every rank's pieces.
+  json optimizer_shards;
+  if (shard) {
+    json pieces = json::array();
+    const fs::path p = tmp_dir / optimizer_rank_file(comm.rank());
+    save_torch(p, injected_errno(step, p), [&](auto& w) {
+      torch::serialize::OutputArchive archive;
+      for (size_t i = 0; i < shard->size(); ++i) {
+        const OptimizerPiece& piece = (*shard)[i];
+        auto it = optimizer.state().find(piece.tensor.unsafeGetTensorImpl());
+        const auto* st = it == optimizer.state().end()
+                             ? nullptr
+                             : dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
+        pieces.push_back({{"param", piece.name}, {"begin", piece.begin}, {"end", piece.end},
+                          {"numel", piece.param_numel}, {"state", st != nullptr}});
+        if (!st) continue;
+        archive.write(fmt::format("exp_avg_{}", i), st->exp_avg().detach().reshape({-1}).cpu());
+        archive.write(fmt::format("exp_avg_sq_{}", i), st->exp_avg_sq().detach().reshape({-1}).cpu());
+        archive.write(fmt::format("step_{}", i), torch::tensor({st->step()}, torch::kInt64));
+      }
+      archive.save_to(w);
+    });
+    const auto all = comm.all_gather(pieces.dump());
+    if (comm.rank() == 0) {
+      json ranks = json::array();
+      for (size_t r = 0; r < all.size(); ++r)
+        ranks.push_back({{"file", optimizer_rank_file(static_cast<int>(r))},
+                         {"pieces", json::parse(all[r])}});
+      optimizer_shards = {{"zero_stage", 1}, {"world_size", comm.world_size()}, {"ranks", ranks}};
+    }
+  }
   // Why: if rank 0 fails below it removes tmp_dir; no other rank may still be writing into it.
   comm.barrier();
   on_rank0([&] {
@@ -194,12 +229,14 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
     });
     // Fault injection for the crash-safety test: die mid-save, as a node failure would.
     if (injected_fault("kill", -1, step)) ::raise(SIGKILL);
-    const fs::path po = tmp_dir / "optimizer.pt";
-    save_torch(po, injected_errno(step, po), [&](auto& w) {
-      torch::serialize::OutputArchive archive;
-      optimizer.save(archive);
-      archive.save_to(w);
-    });
+    if (!shard) {
+      const fs::path po = tmp_dir / "optimizer.pt";
+      save_torch(po, injected_errno(step, po), [&](auto& w) {
+        torch::serialize::OutputArchive archive;
+        optimizer.save(archive);
+        archive.save_to(w);
+      });
+    }
     const fs::path ps = tmp_dir / "model.safetensors";
     export_safetensors(model, ps.string(), injected_errno(step, ps));
     json st = {{"step", state.step},
@@ -221,7 +258,7 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
   // Why: the manifest must list every rank's RNG file, so all writes finish first.
   comm.barrier();
   on_rank0([&] {
-    write_manifest(tmp_dir, injected_errno(step, tmp_dir / kManifest));
+    write_manifest(tmp_dir, injected_errno(step, tmp_dir / kManifest), optimizer_shards);
     fsync_dir(tmp_dir);
     fs::remove_all(final_dir);  // a stale folder of the same step from an abandoned run
     fs::rename(tmp_dir, final_dir);
@@ -409,6 +446,123 @@ void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& op
   } catch (const c10::Error& e) {
     throw CheckpointError("cannot load optimizer state from " + p.string() + ": " +
                           e.what_without_backtrace());
+  }
+}
+
+bool has_sharded_optimizer_state(const std::string& folder) {
+  try {
+    return json::parse(read_text(fs::path(folder) / kManifest)).contains("optimizer_shards");
+  } catch (const json::exception& e) {
+    throw CheckpointError("checkpoint " + folder + ": manifest.json is unreadable (" + e.what() + ")");
+  }
+}
+
+namespace {
+// A piece of saved AdamW state: elements [begin, end) of parameter `name`.
+struct SavedPiece {
+  std::string name;
+  int64_t begin = 0, end = 0;
+  int64_t step = 0;
+  torch::Tensor exp_avg, exp_avg_sq;  // [end - begin] float, CPU
+};
+
+std::vector<SavedPiece> read_saved_pieces(const std::string& folder,
+                                          const std::vector<NamedParam>& model_params,
+                                          const OptimConfig& cfg) {
+  std::vector<SavedPiece> out;
+  const json m = json::parse(read_text(fs::path(folder) / kManifest));
+  if (!m.contains("optimizer_shards")) {
+    // A stage-0 checkpoint: optimizer.pt, loaded into an optimizer over the whole parameters.
+    std::vector<torch::Tensor> decay, no_decay;
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& p : model_params) {
+      torch::Tensor t = torch::zeros_like(p.param, torch::TensorOptions().device(torch::kCPU));
+      (decays(cfg, p) ? decay : no_decay).push_back(t);
+      named.emplace_back(p.name, t);
+    }
+    auto opt = make_adamw(cfg, decay, no_decay);
+    const fs::path po = fs::path(folder) / "optimizer.pt";
+    try {
+      torch::load(*opt, po.string(), torch::Device(torch::kCPU));
+    } catch (const c10::Error& e) {
+      throw CheckpointError("cannot load optimizer state from " + po.string() + ": " +
+                            e.what_without_backtrace());
+    }
+    for (const auto& [name, t] : named) {
+      auto it = opt->state().find(t.unsafeGetTensorImpl());
+      if (it == opt->state().end()) continue;
+      const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      out.push_back({name, 0, t.numel(), st.step(), st.exp_avg().reshape({-1}),
+                     st.exp_avg_sq().reshape({-1})});
+    }
+    return out;
+  }
+  const json& shards = m["optimizer_shards"];
+  for (const auto& rank : shards.at("ranks")) {
+    const fs::path p = fs::path(folder) / rank.at("file").get<std::string>();
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(p.string(), torch::Device(torch::kCPU));
+      const auto& pieces = rank.at("pieces");
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (!pieces[i].at("state").get<bool>()) continue;
+        SavedPiece sp;
+        sp.name = pieces[i].at("param").get<std::string>();
+        sp.begin = pieces[i].at("begin").get<int64_t>();
+        sp.end = pieces[i].at("end").get<int64_t>();
+        torch::Tensor step;
+        archive.read(fmt::format("exp_avg_{}", i), sp.exp_avg);
+        archive.read(fmt::format("exp_avg_sq_{}", i), sp.exp_avg_sq);
+        archive.read(fmt::format("step_{}", i), step);
+        sp.step = step.item<int64_t>();
+        if (sp.exp_avg.numel() != sp.end - sp.begin || sp.exp_avg_sq.numel() != sp.end - sp.begin)
+          throw CheckpointError(fmt::format("{}: piece {} of {} holds {} moments for elements "
+                                            "[{}, {})", p.string(), i, sp.name,
+                                            sp.exp_avg.numel(), sp.begin, sp.end));
+        out.push_back(std::move(sp));
+      }
+    } catch (const c10::Error& e) {
+      throw CheckpointError("cannot load optimizer state from " + p.string() + ": " +
+                            e.what_without_backtrace());
+    } catch (const json::exception& e) {
+      throw CheckpointError("checkpoint " + folder + ": manifest.json optimizer_shards: " + e.what());
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void load_optimizer_state_resharded(const std::string& folder, torch::optim::Optimizer& optimizer,
+                                    const std::vector<OptimizerPiece>& targets,
+                                    const std::vector<NamedParam>& model_params,
+                                    const OptimConfig& cfg) {
+  const std::vector<SavedPiece> saved = read_saved_pieces(folder, model_params, cfg);
+  torch::NoGradGuard no_grad;
+  for (const OptimizerPiece& t : targets) {
+    const int64_t n = t.end - t.begin;
+    torch::Tensor m1 = torch::zeros({n}, torch::kFloat), m2 = torch::zeros({n}, torch::kFloat);
+    int64_t step = -1, covered = 0;
+    for (const SavedPiece& s : saved) {
+      if (s.name != t.name) continue;
+      const int64_t lo = std::max(s.begin, t.begin), hi = std::min(s.end, t.end);
+      if (step >= 0 && s.step != step)
+        throw CheckpointError(fmt::format("checkpoint {}: the pieces of {} have different AdamW "
+                                          "step counts ({} and {})", folder, t.name, step, s.step));
+      step = s.step;
+      if (lo >= hi) continue;
+      m1.narrow(0, lo - t.begin, hi - lo).copy_(s.exp_avg.narrow(0, lo - s.begin, hi - lo));
+      m2.narrow(0, lo - t.begin, hi - lo).copy_(s.exp_avg_sq.narrow(0, lo - s.begin, hi - lo));
+      covered += hi - lo;
+    }
+    if (step < 0) continue;  // no state saved for this parameter (it never had a gradient)
+    if (covered != n)
+      throw CheckpointError(fmt::format("checkpoint {}: its optimizer state covers {} of elements "
+                                        "[{}, {}) of {}", folder, covered, t.begin, t.end, t.name));
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(step);
+    st->exp_avg(m1.to(t.tensor.options()).view(t.tensor.sizes()));
+    st->exp_avg_sq(m2.to(t.tensor.options()).view(t.tensor.sizes()));
+    optimizer.state()[t.tensor.unsafeGetTensorImpl()] = std::move(st);
   }
 }
 

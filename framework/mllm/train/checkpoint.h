@@ -24,6 +24,7 @@
 #include "mllm/core/recipe.h"
 #include "mllm/data/sampler.h"
 #include "mllm/distributed/communicator.h"
+#include "mllm/optim/optimizer.h"
 
 namespace mllm {
 
@@ -39,6 +40,16 @@ struct TrainState {
   uint64_t tokenizer_fingerprint = 0;
 };
 
+// One piece of a parameter whose AdamW state an optimizer holds: elements [begin, end) of the
+// flattened parameter `name` (param_numel elements in all), updated through `tensor` (the
+// optimizer's parameter for it, 1-D [end - begin]). ZeRO stage 1 gives each rank the pieces of
+// its bucket slices (DataParallel::shard_segments); a whole parameter is the piece [0, numel).
+struct OptimizerPiece {
+  std::string name;
+  int64_t begin = 0, end = 0, param_numel = 0;
+  torch::Tensor tensor;
+};
+
 // Name of the folder for `step`: "step_000500".
 std::string checkpoint_name(int64_t step);
 
@@ -46,6 +57,10 @@ std::string checkpoint_name(int64_t step);
 // own module/optimizer (identical across ranks) and writes its RNG state; rank 0 writes the rest.
 // Keeps the newest `keep_last` checkpoints up to this step and removes those past it (an
 // abandoned continuation). Returns the final folder path.
+// `shard` (ZeRO stage 1): this rank's optimizer pieces. Then every rank writes its own AdamW
+// state to optimizer_rank_NN.pt (no optimizer.pt), and manifest.json lists each rank's pieces
+// under "optimizer_shards" ({"zero_stage": 1, "world_size": N, "ranks": [{"file", "pieces":
+// [{"param", "begin", "end", "numel", "state"}]}]}); every rank must pass its own.
 // Throws mllm::Error (exit 1, not bad input) naming the file when a write fails ("cannot write
 // <file>: No space left on device"); rank 0 then removes the temporary folder, and `latest`
 // and earlier checkpoints stay as they were. MLLM_FAULT kill/enospc (core/fault.h) inject
@@ -53,7 +68,8 @@ std::string checkpoint_name(int64_t step);
 std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_dir,
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
-                            const std::string& tokenizer_path, int64_t keep_last);
+                            const std::string& tokenizer_path, int64_t keep_last,
+                            const std::vector<OptimizerPiece>* shard = nullptr);
 
 // Removes what an interrupted save left in `checkpoints_dir` (.tmp_step_* folders, .latest.tmp)
 // and returns their names. Call only while holding the run-folder lock (train/run_lock.h).
@@ -91,6 +107,20 @@ std::string checkpoint_tokenizer_path(const std::string& folder);  // tokenizer.
 // parameters, whatever device wrote them (a GPU checkpoint resumes on the CPU and back).
 void load_model_weights(const std::string& folder, torch::nn::Module& model);
 void load_optimizer_state(const std::string& folder, torch::optim::Optimizer& optimizer);
+// True when the checkpoint's optimizer state is sharded (written at dist.zero_stage 1).
+bool has_sharded_optimizer_state(const std::string& folder);
+// Re-sharding load, for any saved layout into any target layout: the checkpoint's AdamW state
+// (optimizer.pt of a stage-0 run, read through a temporary "adamw" optimizer over `model_params`
+// with `cfg`'s groups; or every rank file of a stage-1 run, at any world size) is cut to the
+// `targets` pieces and set as `optimizer`'s state for each piece's tensor (moments shaped like
+// the tensor, on its device; a piece whose parameter had no state gets none). Every rank reads
+// what it needs (briefly all of the state: the files are read whole). Throws CheckpointError
+// naming the file for a missing or unreadable file, a parameter the checkpoint lacks, or pieces
+// of one parameter with different step counts.
+void load_optimizer_state_resharded(const std::string& folder, torch::optim::Optimizer& optimizer,
+                                    const std::vector<OptimizerPiece>& targets,
+                                    const std::vector<NamedParam>& model_params,
+                                    const OptimConfig& cfg);
 // Restores this rank's CPU generator, and on a CUDA `device` also that GPU's generator when the
 // checkpoint holds its state; returns false (state untouched) if the file for `rank` is absent
 // (resuming at another world size).

@@ -403,15 +403,40 @@ void Trainer::build() {
   model_->to(device_);  // initialised on the CPU first: the same weights on every device
   flops_per_token_ = model_->flops_per_token(r.data.seq_len);
   dp_ = std::make_unique<DataParallel>(model_, comm_,
-                                       static_cast<int64_t>(r.dist.bucket_mb * 1024 * 1024));
+                                       static_cast<int64_t>(r.dist.bucket_mb * 1024 * 1024),
+                                       static_cast<int>(r.dist.zero_stage));
   dp_->broadcast_and_verify();
   spdlog::info("model {}: {} parameters, {} FLOPs per token (fwd+bwd)", r.model.type,
                model_->num_params(), flops_per_token_);
 
-  std::vector<NamedParam> params;
   for (const auto& p : model_->named_parameters())
-    params.push_back({p.key(), p.value(), model_->is_embedding(p.key())});
-  optimizer_ = optimizer_registry().create(r.optim.type, r.optim, params);
+    named_params_.push_back({p.key(), p.value(), model_->is_embedding(p.key())});
+  if (r.dist.zero_stage == 1) {
+    // AdamW over this rank's shard segments, each in its parameter's weight-decay group.
+    if (r.optim.type != "adamw")
+      throw ConfigError(fmt::format("{}: dist.zero_stage=1 shards the state of the built-in adamw "
+                                    "optimizer only; optim.type is '{}' (use dist.zero_stage=0)",
+                                    r.source, r.optim.type));
+    std::unordered_map<std::string, bool> decay_of;
+    for (const auto& p : named_params_) decay_of[p.name] = decays(r.optim, p);
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& seg : dp_->shard_segments())
+      (decay_of.at(seg.name) ? decay : no_decay).push_back(seg.param);
+    optimizer_ = make_adamw(r.optim, std::move(decay), std::move(no_decay));
+  } else {
+    optimizer_ = optimizer_registry().create(r.optim.type, r.optim, named_params_);
+  }
+  {
+    // Per-rank memory of the training state (AdamW: two moments per element it updates).
+    const auto f = dp_->footprint();
+    const int64_t elem = static_cast<int64_t>(named_params_.empty() ? 4 : named_params_.front().param.element_size());
+    const int64_t opt_bytes = 2 * f.optimizer_elements * elem;
+    auto mib = [](int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20)); };
+    spdlog::info("memory per rank (dist.zero_stage={}): parameters {}, gradients {}, optimizer state "
+                 "{} (AdamW moments of {} of {} elements), {} in all", r.dist.zero_stage,
+                 mib(f.param_bytes), mib(f.grad_bytes), mib(opt_bytes), f.optimizer_elements,
+                 model_->num_params(), mib(f.param_bytes + f.grad_bytes + opt_bytes));
+  }
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
                                             r.train.max_steps);
   if (r.schedule.warmup_steps >= r.train.max_steps && r.schedule.warmup_steps > 0)
@@ -478,7 +503,11 @@ void Trainer::resume_from(const std::string& folder) {
         "({:016x}); the data was re-prepared differently", folder, saved.tokenizer_fingerprint,
         recipe_.data.cache_dir, state_.tokenizer_fingerprint));
   load_model_weights(folder, *model_);
-  load_optimizer_state(folder, *optimizer_);
+  if (recipe_.dist.zero_stage == 1 || has_sharded_optimizer_state(folder))
+    load_optimizer_state_resharded(folder, *optimizer_, optimizer_pieces(), named_params_,
+                                   recipe_.optim);
+  else
+    load_optimizer_state(folder, *optimizer_);
   // The recipe's betas / eps / weight decay, not the checkpoint's (they may change on resume).
   if (!apply_optimizer_hyperparams(*optimizer_, recipe_.optim))
     for (const auto& [key, values] : resume_changes_)
@@ -594,6 +623,7 @@ StepMetrics Trainer::train_step() {
 
   model_->train();
   optimizer_->zero_grad();
+  if (dp_->zero_stage() == 1) model_->zero_grad();  // the optimizer's tensors are the segments
   const int rank = comm_->rank();
   const int64_t this_step = state_.step + 1;
   set_current_step(this_step);
@@ -663,6 +693,7 @@ StepMetrics Trainer::train_step() {
     consecutive_skips_ = 0;
     auto t3 = std::chrono::steady_clock::now();
     optimizer_->step();
+    dp_->all_gather_params();  // stage 1: every rank's updated slices into every replica
     m.optimizer_ms = ms_since(t3);
   }
   if (injected_fault("desync", rank, this_step)) {
@@ -736,9 +767,12 @@ std::string Trainer::save_checkpoint() {
   }
   state_.elapsed_s = elapsed_at_start_s_ + seconds_running();
   auto t0 = std::chrono::steady_clock::now();
+  const std::vector<OptimizerPiece> pieces =
+      dp_->zero_stage() == 1 ? optimizer_pieces() : std::vector<OptimizerPiece>{};
   std::string out = mllm::save_checkpoint(*comm_, checkpoints_dir(), state_, *model_,
                                           *optimizer_, to_yaml(recipe_), tokenizer_path_,
-                                          recipe_.checkpoint.keep_last);
+                                          recipe_.checkpoint.keep_last,
+                                          dp_->zero_stage() == 1 ? &pieces : nullptr);
   last_saved_step_ = state_.step;
   spdlog::info("saved checkpoint {} ({:.0f} ms)", out, ms_since(t0));
   return out;
@@ -782,7 +816,10 @@ void Trainer::check_replicas() {
     tensors.push_back(p.value());
     name_of[p.value().unsafeGetTensorImpl()] = p.key();
   }
-  for (const auto& group : optimizer_->param_groups())
+  // Stage 1: each rank holds the state of its own slices only; the weights are still compared.
+  static const std::vector<torch::optim::OptimizerParamGroup> kNoGroups;
+  const auto& groups = dp_->zero_stage() == 1 ? kNoGroups : optimizer_->param_groups();
+  for (const auto& group : groups)
     for (const auto& p : group.params()) {
       auto it = optimizer_->state().find(p.unsafeGetTensorImpl());
       if (it == optimizer_->state().end()) continue;
@@ -823,6 +860,18 @@ void Trainer::check_replicas() {
   }
   spdlog::debug("replica check at step {}: {} tensors identical on {} ranks", state_.step,
                 names.size(), all.size());
+}
+
+std::vector<OptimizerPiece> Trainer::optimizer_pieces() const {
+  std::vector<OptimizerPiece> pieces;
+  if (dp_->zero_stage() == 1) {
+    for (const auto& seg : dp_->shard_segments())
+      pieces.push_back({seg.name, seg.begin, seg.end, seg.param_numel, seg.param});
+  } else {
+    for (const auto& p : named_params_)
+      pieces.push_back({p.name, 0, p.param.numel(), p.param.numel(), p.param});
+  }
+  return pieces;
 }
 
 }  // namespace mllm

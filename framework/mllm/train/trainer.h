@@ -118,6 +118,9 @@ class Trainer {
   std::shared_ptr<LanguageModel> model_;
   std::unique_ptr<DataParallel> dp_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<NamedParam> named_params_;  // the model's parameters, for the optimizer groups
+  // The pieces whose AdamW state this rank's optimizer holds (stage 1: its shard segments).
+  std::vector<OptimizerPiece> optimizer_pieces() const;
   std::shared_ptr<LrSchedule> schedule_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::unique_ptr<RunFolderLock> lock_;          // rank 0: held for the Trainer's lifetime
