@@ -343,6 +343,7 @@ TEST(DataParallelZero1, SegmentsPartitionParametersAndStepMatchesReference) {
     }
   }
   dp.all_gather_params();
+  dp.wait_params();  // the gathers run in the background until then
 
   auto ref = make_tiny_lm(11, kVocab, s.d_model, s.d_hidden);
   mllm::test::mean_loss(*ref, g.inputs, g.targets).backward();

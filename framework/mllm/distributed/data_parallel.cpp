@@ -152,7 +152,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
         segment_param_.push_back(i);
       }
     }
-    point_segments_at_params();
+    adopt_params();
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
@@ -172,15 +172,18 @@ DataParallel::~DataParallel() {
   // Buckets still in flight (an exception unwound past finish_gradient_sync) keep their buffers
   // alive through their Work handles; wait so the backend does not outlive what it writes into.
   for (auto& b : buckets_) {
-    if (!b.work) continue;
-    try {
-      b.work->wait();
-    } catch (...) {
+    for (auto* w : {&b.work, &b.gather_work}) {
+      if (!*w) continue;
+      try {
+        (*w)->wait();
+      } catch (...) {
+      }
     }
   }
 }
 
 void DataParallel::broadcast_and_verify() {
+  wait_params();
   const int world = comm_->world_size();
   const auto lines = describe_model(*model_);
   const std::string mine = fmt::format("{} ({} tensors)", fnv1a_hex(lines), lines.size());
@@ -363,7 +366,7 @@ void DataParallel::finish_gradient_sync() {
     launch_ready_buckets_locked();
     torch::NoGradGuard no_grad;
     if (zero_stage_ == 1) {
-      point_segments_at_params();  // Module::load (a resume) may have replaced the storage
+      adopt_params();  // Module::load (a resume) may have replaced the storage
       for (auto& b : buckets_) {
         b.flags_work->wait();
         b.work->wait();
@@ -477,47 +480,51 @@ double DataParallel::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-void DataParallel::point_segments_at_params() {
+void DataParallel::adopt_params() {
   torch::NoGradGuard no_grad;
-  for (size_t si = 0; si < segments_.size(); ++si) {
-    ShardSegment& seg = segments_[si];
-    const torch::Tensor& p = params_[segment_param_[si]].tensor;
-    if (!p.is_contiguous())
-      throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + seg.name + "' is not");
-    if (seg.param.numel() > 0 && seg.param.storage().is_alias_of(p.storage()) &&
-        seg.param.storage_offset() == p.storage_offset() + seg.begin)
-      continue;
-    // The same tensor object (the optimizer keys its state by it), re-aimed at the parameter.
-    seg.param.set_(p.storage(), p.storage_offset() + seg.begin, {seg.end - seg.begin}, {1});
+  for (auto& b : buckets_) {
+    const torch::Tensor& first = params_[b.params.front()].tensor;
+    if (!b.param_flat.defined())
+      b.param_flat = torch::empty({b.numel}, first.options().requires_grad(false));
+    for (size_t i : b.params) {
+      Param& p = params_[i];
+      if (!p.tensor.is_contiguous())
+        throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + p.name + "' is not");
+      const int64_t at = b.param_flat.storage_offset() + p.offset;
+      if (p.tensor.storage().is_alias_of(b.param_flat.storage()) && p.tensor.storage_offset() == at)
+        continue;
+      b.param_flat.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.reshape({-1}));
+      p.tensor.set_(b.param_flat.storage(), at, p.tensor.sizes(), p.tensor.strides());
+    }
+    for (size_t si : b.segments) {
+      ShardSegment& seg = segments_[si];
+      const int64_t at = b.param_flat.storage_offset() + params_[segment_param_[si]].offset + seg.begin;
+      if (seg.param.numel() > 0 && seg.param.storage().is_alias_of(b.param_flat.storage()) &&
+          seg.param.storage_offset() == at)
+        continue;
+      // The same tensor object (the optimizer keys its state by it), re-aimed.
+      seg.param.set_(b.param_flat.storage(), at, {seg.end - seg.begin}, {1});
+    }
   }
 }
 
 void DataParallel::all_gather_params() {
   if (zero_stage_ == 0) return;
-  torch::NoGradGuard no_grad;
-  point_segments_at_params();
+  wait_params();
+  adopt_params();
   for (auto& b : buckets_) {
-    const torch::Tensor& first = params_[b.params.front()].tensor;
-    if (!gather_scratch_.defined() || gather_scratch_.numel() < b.numel ||
-        gather_scratch_.scalar_type() != first.scalar_type() ||
-        gather_scratch_.device() != first.device()) {
-      int64_t most = 0;
-      for (const auto& c : buckets_)
-        if (params_[c.params.front()].tensor.scalar_type() == first.scalar_type()) most = std::max(most, c.numel);
-      gather_scratch_ = torch::empty({most}, first.options().requires_grad(false));
-    }
-    torch::Tensor flat = gather_scratch_.narrow(0, 0, b.numel);
-    for (size_t si : b.segments) {
-      const ShardSegment& seg = segments_[si];
-      flat.narrow(0, params_[segment_param_[si]].offset + seg.begin, seg.end - seg.begin).copy_(seg.param);
-    }
-    torch::Tensor mine = flat.narrow(0, b.shard.begin, b.shard.numel());
+    torch::Tensor mine = b.param_flat.narrow(0, b.shard.begin, b.shard.numel());
     collectives_issued_ += 1;
-    comm_->all_gather_async(mine, flat)->wait();
-    for (size_t i : b.params) {
-      Param& p = params_[i];
-      p.tensor.view({-1}).copy_(flat.narrow(0, p.offset, p.tensor.numel()));
-    }
+    b.gather_work = comm_->all_gather_async(mine, b.param_flat);
+  }
+}
+
+void DataParallel::wait_params() {
+  for (auto& b : buckets_) {
+    if (!b.gather_work) continue;
+    auto w = std::move(b.gather_work);
+    b.gather_work.reset();
+    w->wait();
   }
 }
 

@@ -95,10 +95,16 @@ class DataParallel {
   const std::vector<ShardSegment>& shard_segments() const { return segments_; }
   int zero_stage() const { return zero_stage_; }
 
-  // Stage 1, collective: after the optimizer updated this rank's segments, all-gathers every
-  // bucket's slices so that every rank's parameters are bitwise identical again. One
-  // all-gather per bucket, all in flight at once. No-op at stage 0. Throws CommError.
+  // Stage 1, collective: after the optimizer updated this rank's segments, starts one all-gather
+  // per bucket (all in flight at once, in place: at stage 1 each bucket's parameters are views
+  // of one flat buffer) that brings every rank's updated slices into every replica, and returns
+  // without waiting, so the gathers overlap whatever the caller does before it next reads the
+  // weights (logging, loading the next batch). No-op at stage 0. Throws CommError.
   void all_gather_params();
+  // Waits for the all-gathers all_gather_params started; afterwards every rank's parameters are
+  // bitwise identical. Call before anything reads the weights (a forward, eval, a checkpoint).
+  // Returns at once when none is in flight. Throws CommError when a gather failed.
+  void wait_params();
 
   // Bytes this rank stores for the parameters and the gradients (the bucket buffers; at stage 1
   // the averaged slice is reduce-scattered in place into them), and the number of elements whose
@@ -148,6 +154,8 @@ class DataParallel {
     torch::Tensor grad_shard;      // [shard.numel()], a view of buffer at shard (in place)
     std::shared_ptr<Work> flags_work;
     std::vector<size_t> segments;  // indices into segments_
+    torch::Tensor param_flat;      // [numel]: the bucket's parameters are views of it (stage 1)
+    std::shared_ptr<Work> gather_work;
   };
 
   void on_grad_ready(size_t param_index);          // the autograd hook
@@ -161,8 +169,10 @@ class DataParallel {
   int zero_stage_ = 0;
   std::vector<ShardSegment> segments_;
   std::vector<size_t> segment_param_;  // segments_[i] belongs to params_[segment_param_[i]]
-  torch::Tensor gather_scratch_;       // stage 1: [largest bucket], the all-gathers go through it
-  void point_segments_at_params();     // re-aims segments at the parameters' current storage
+  // Stage 1: makes every parameter a view of its bucket's param_flat again (Module::load, on a
+  // resume, replaces parameters' storage; the values are copied in first) and aims the segments
+  // at the flat buffers.
+  void adopt_params();
   std::vector<Param> params_;    // parameters that require grad, registration order
   std::vector<Bucket> buckets_;  // launch order (the same on every rank)
   size_t next_launch_ = 0;       // buckets before this one have been launched this step

@@ -621,6 +621,7 @@ StepMetrics Trainer::train_step() {
   const double scale = dp_->loss_scale(local_targets, &global_targets);
   MLLM_CHECK(global_targets > 0, "a global batch without any target token");
 
+  dp_->wait_params();  // stage 1: the last step's all-gather, overlapped with the batch loading
   model_->train();
   optimizer_->zero_grad();
   if (dp_->zero_stage() == 1) model_->zero_grad();  // the optimizer's tensors are the segments
@@ -697,6 +698,7 @@ StepMetrics Trainer::train_step() {
     m.optimizer_ms = ms_since(t3);
   }
   if (injected_fault("desync", rank, this_step)) {
+    dp_->wait_params();
     torch::NoGradGuard no_grad;
     model_->parameters().front().add_(1e-3);
     spdlog::warn("rank {}: step {}: perturbed a parameter (MLLM_FAULT desync)", rank, this_step);
@@ -718,7 +720,13 @@ StepMetrics Trainer::train_step() {
   return m;
 }
 
+LanguageModel& Trainer::model() {
+  if (dp_) dp_->wait_params();
+  return *model_;
+}
+
 EvalMetrics Trainer::evaluate() {
+  dp_->wait_params();
   const Recipe& r = recipe_;
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -752,6 +760,7 @@ EvalMetrics Trainer::evaluate() {
 }
 
 std::string Trainer::save_checkpoint() {
+  dp_->wait_params();
   const std::string folder = checkpoints_dir() + "/" + checkpoint_name(state_.step);
   if (last_saved_step_ == state_.step) return folder;
   // Weights that are no longer finite are never saved (the same verdict on every rank: the
@@ -779,6 +788,7 @@ std::string Trainer::save_checkpoint() {
 }
 
 std::vector<std::string> Trainer::generate_samples() {
+  dp_->wait_params();
   const SampleConfig& s = recipe_.sample;
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -807,6 +817,7 @@ void Trainer::write_metrics_line(const std::string& json_line) {
 }
 
 void Trainer::check_replicas() {
+  dp_->wait_params();
   // Names and tensors in a fixed order: parameters, then each parameter's optimizer state.
   std::vector<std::string> names;
   std::vector<torch::Tensor> tensors;

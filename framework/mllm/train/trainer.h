@@ -86,7 +86,8 @@ class Trainer {
 
   const Recipe& recipe() const { return recipe_; }
   Communicator& comm() { return *comm_; }
-  LanguageModel& model() { return *model_; }
+  // The model; at dist.zero_stage 1 first waits for the parameters' all-gather in flight.
+  LanguageModel& model();
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t step() const { return state_.step; }
   // Where this rank's model, batches and optimizer state live (train.device; train/device.h).
