@@ -6,6 +6,7 @@
 #   2. tokens/s of recipes/mini.yaml (the main job's shape) at stage 0 and 1, np 2 and 8,
 #      interleaved A B A B, median of the steps after the first 5 of each run.
 #   bench/zero_bench.sh [BUILD_DIR] [ROUNDS]      (defaults: build, 3)
+# ZERO_BENCH_SKIP_MEMORY=1 skips part 1.
 # Needs data/full/tang.jsonl (launch/fetch-corpus.sh). Runs as root need the OMPI_ALLOW_* variables.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,19 +20,21 @@ launch() { local np=$1; shift; if [ "$np" -eq 1 ]; then "$@"; else mpirun -np "$
 COMMON=("data.corpus=[$CORPUS]" "data.cache_dir=$WORK/cache" eval.every_steps=0 "callbacks=[metrics]"
         checkpoint.resume=none checkpoint.every_steps=100000 log.every_steps=1 train.threads=1)
 
-echo "1. memory per rank, small shape (AdamW moments: 2 x 4 bytes per element kept)"
-for np in 1 2 4 8; do
-  for st in 0 1; do
-    out="$WORK/mem$np$st"
-    launch "$np" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
-      data.tokenizer.max_vocab=8192 data.seq_len=256 model.d_model=512 model.n_heads=8 model.n_layers=8 \
-      model.d_ff=2048 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
-      > "$WORK/mem.log" 2>&1 || { tail -5 "$WORK/mem.log" >&2; exit 1; }
-    line=$(grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log")
-    echo "  np $np: $line"
+if [ "${ZERO_BENCH_SKIP_MEMORY:-0}" != 1 ]; then
+  echo "1. memory per rank, small shape (AdamW moments: 2 x 4 bytes per element kept)"
+  for np in 1 2 4 8; do
+    for st in 0 1; do
+      out="$WORK/mem$np$st"
+      launch "$np" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
+        data.tokenizer.max_vocab=8192 data.seq_len=256 model.d_model=512 model.n_heads=8 model.n_layers=8 \
+        model.d_ff=2048 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
+        > "$WORK/mem.log" 2>&1 || { tail -5 "$WORK/mem.log" >&2; exit 1; }
+      line=$(grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log")
+      echo "  np $np: $line"
+    done
   done
-done
 
+fi
 echo "2. tokens/s, recipes/mini.yaml, median of steps 6-30, $ROUNDS rounds interleaved"
 tps() {  # np stage -> median tokens/s
   local out="$WORK/tps"; rm -rf "$out"
