@@ -196,56 +196,51 @@ void NcclCore::order_after(Stream producer) {
   check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent(NCCL stream)", rank_);
 }
 
-std::shared_ptr<NcclEvent> NcclCore::all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
-                                                Stream producer) {
-  if (aborted_) throw CommError("nccl backend: all_reduce on an aborted communicator");
+template <typename F>
+std::shared_ptr<NcclEvent> NcclCore::enqueue(const char* what, Stream producer, F&& call) {
+  if (aborted_) throw CommError(std::string("nccl backend: ") + what + " on an aborted communicator");
   DeviceGuard g(device_, rank_);
   order_after(producer);
-  check_nccl(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, stream_),
-             "ncclAllReduce", rank_, comm_);
+  call();
   std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
   check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
   return done;
+}
+
+std::shared_ptr<NcclEvent> NcclCore::all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
+                                                Stream producer) {
+  return enqueue("all_reduce", producer, [&] {
+    check_nccl(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, stream_),
+               "ncclAllReduce", rank_, comm_);
+  });
 }
 
 std::shared_ptr<NcclEvent> NcclCore::reduce_scatter(const void* send, void* recv, size_t recv_count,
                                                     DataType dtype, RedOp op, Stream producer) {
-  if (aborted_) throw CommError("nccl backend: reduce_scatter on an aborted communicator");
-  DeviceGuard g(device_, rank_);
-  order_after(producer);
-  check_nccl(ncclReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), comm_, stream_),
-             "ncclReduceScatter", rank_, comm_);
-  std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
-  check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
-  return done;
+  return enqueue("reduce_scatter", producer, [&] {
+    check_nccl(ncclReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), comm_, stream_),
+               "ncclReduceScatter", rank_, comm_);
+  });
 }
 
 std::shared_ptr<NcclEvent> NcclCore::all_gather(const void* send, void* recv, size_t send_count,
                                                 DataType dtype, Stream producer) {
-  if (aborted_) throw CommError("nccl backend: all_gather on an aborted communicator");
-  DeviceGuard g(device_, rank_);
-  order_after(producer);
-  check_nccl(ncclAllGather(send, recv, send_count, to_nccl(dtype), comm_, stream_), "ncclAllGather",
-             rank_, comm_);
-  std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
-  check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
-  return done;
+  return enqueue("all_gather", producer, [&] {
+    check_nccl(ncclAllGather(send, recv, send_count, to_nccl(dtype), comm_, stream_),
+               "ncclAllGather", rank_, comm_);
+  });
 }
 
 std::shared_ptr<NcclEvent> NcclCore::broadcast(void* buf, size_t bytes, int root, Stream producer) {
-  if (aborted_) throw CommError("nccl backend: broadcast on an aborted communicator");
   if (root < 0 || root >= world_) {
     std::ostringstream s;
     s << "nccl backend: broadcast root " << root << " is not a rank of this world of " << world_;
     throw CommError(s.str());
   }
-  DeviceGuard g(device_, rank_);
-  order_after(producer);
-  check_nccl(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast",
-             rank_, comm_);
-  std::shared_ptr<NcclEvent> done(new NcclEvent(this, device_));
-  check_cuda(cudaEventRecord(done->event_, stream_), "cudaEventRecord(NCCL stream)", rank_);
-  return done;
+  return enqueue("broadcast", producer, [&] {
+    check_nccl(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast",
+               rank_, comm_);
+  });
 }
 
 std::string nccl_version_string() {

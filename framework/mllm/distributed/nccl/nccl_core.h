@@ -98,6 +98,10 @@ class NcclCore {
  private:
   friend class NcclEvent;
   void order_after(Stream producer);  // NCCL stream waits for producer's current work
+  // The frame of every collective: refuse after abort(), select the device, order after
+  // `producer`, run `call` (which enqueues the NCCL call on stream_), record the completion event.
+  template <typename F>
+  std::shared_ptr<NcclEvent> enqueue(const char* what, Stream producer, F&& call);
 
   MPI_Comm mpi_comm_;
   int rank_ = 0, world_ = 1, device_ = 0;
