@@ -115,8 +115,8 @@ bool has_sharded_optimizer_state(const std::string& folder);
 // `targets` pieces and set as `optimizer`'s state for each piece's tensor (moments shaped like
 // the tensor, on its device; a piece whose parameter had no state gets none). Every rank reads
 // what it needs (briefly all of the state: the files are read whole). Throws CheckpointError
-// naming the file for a missing or unreadable file, a parameter the checkpoint lacks, or pieces
-// of one parameter with different step counts.
+// naming the file for a missing or unreadable file, saved pieces that cover a target piece only
+// in part, or pieces of one parameter with different step counts.
 void load_optimizer_state_resharded(const std::string& folder, torch::optim::Optimizer& optimizer,
                                     const std::vector<OptimizerPiece>& targets,
                                     const std::vector<NamedParam>& model_params,
