@@ -22,10 +22,11 @@ teardown() {
 }
 trap teardown EXIT
 
+# Up before the start: a start that fails half-way leaves daemons the teardown must stop.
+SLURM_UP=1
 set +e; slurm_cluster_start "$WORK/slurm" 2; code=$?; set -e
 [ "$code" -ne 77 ] || exit 77
 [ "$code" -eq 0 ] || fail "the test cluster did not start"
-SLURM_UP=1
 echo "slurm_live: cluster up (SLURM_CONF=$SLURM_CONF)"
 
 REL=tests/assets/tiny.yaml
@@ -34,7 +35,14 @@ BASE=("data.cache_dir=$CACHE" "data.corpus=[$CORPUS]")
 
 # Calibrate: the median step time of this machine at np=2, so that the run needs about 4 jobs of
 # ~14 s of training (the jobs' train.time_limit_s) whatever the machine's speed.
-train 2 "$WORK/calib" train.max_steps=300 checkpoint.every_steps=0 eval.every_steps=0 > "$WORK/calib.log" 2>&1 \
+# Every mpirun is bounded (timeout), so a hang ends here, with the teardown, not by ctest's
+# SIGKILL at TIMEOUT (which skips the EXIT trap and would leave the daemons running).
+train() {
+  local np=$1 out=$2; shift 2
+  timeout 400 mpirun -np "$np" --bind-to none "$MLLM_BIN/mllm-train" "$MLLM_SOURCE_DIR/$REL" \
+    "run.out_dir=$out" "${BASE[@]}" "$@"
+}
+train 2 "$WORK/calib" train.max_steps=600 checkpoint.every_steps=0 eval.every_steps=0 > "$WORK/calib.log" 2>&1 \
   || { cat "$WORK/calib.log" >&2; fail "calibration run"; }
 STEP_MS=$(python3 -c '
 import json, statistics, sys
@@ -58,8 +66,9 @@ cd "$MLLM_SOURCE_DIR"
 FIRST=$("${SUBMIT[@]}") || fail "sbatch refused the job"
 echo "slurm_live: submitted job $FIRST"
 
-# jobs_now: ids of jobs pending or running.
-jobs_now() { squeue -h -o %i 2>/dev/null | sort -n; }
+# jobs_now: ids of jobs pending or running; "?" when squeue cannot reach slurmctld (so the
+# wait loops keep waiting instead of taking an error for an empty queue).
+jobs_now() { local q; q=$(squeue -h -o %i 2>/dev/null) || { echo "?"; return 0; }; sort -n <<< "$q" | sed '/^$/d'; }
 latest() { cat "$RUN/checkpoints/latest" 2>/dev/null || echo none; }
 steps_logged() { [ -f "$RUN/metrics.jsonl" ] && grep -c '"loss"' "$RUN/metrics.jsonl" || echo 0; }
 

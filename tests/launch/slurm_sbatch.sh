@@ -57,6 +57,9 @@ expect2 MLLM_MODE=tpu -- "$REL" "${DATA[@]}"
 expect2 MLLM_LAUNCHER=ssh -- "$REL" "${DATA[@]}"
 expect2 SLURM_JOB_END_TIME=$((NOW + 200)) -- "$REL" "${DATA[@]}"   # under the margin
 expect2 MLLM_MIN_TRAIN_S=1m -- "$REL" "${DATA[@]}"
+expect2 MLLM_MIN_TRAIN_S=0 -- "$REL" "${DATA[@]}"
+expect2 MLLM_TIME_MARGIN_S=5m -- "$REL" "${DATA[@]}"
+expect2 MLLM_TIME_MARGIN_S=-30 -- "$REL" "${DATA[@]}"
 expect2 MLLM_TIME_MARGIN_S=100 MLLM_MIN_TRAIN_S=3550 -- "$REL" "${DATA[@]}"   # under the minimum
 
 # A job on this machine: srun = mpirun -np SLURM_NTASKS, sbatch records its arguments.

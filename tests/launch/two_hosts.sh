@@ -24,6 +24,8 @@ trap teardown EXIT
 if ! ip netns add "$NS1" 2>"$WORK/netns.err"; then
   echo "SKIP: cannot create a network namespace here: $(cat "$WORK/netns.err")"; exit 77
 fi
+ip netns exec "$NS1" true 2>"$WORK/netns.err" ||
+  { echo "SKIP: cannot enter a network namespace here: $(cat "$WORK/netns.err")"; exit 77; }
 ip netns add "$NS2"
 ip link add "$VETH1" type veth peer name "$VETH2"
 ip link set "$VETH1" netns "$NS1"
@@ -56,7 +58,9 @@ MPI_NET=(--hostfile "$WORK/hostfile" -np 2 --map-by node --bind-to none
 on_host1() { ip netns exec "$NS1" unshare --uts /bin/sh -c 'hostname host1 && exec "$@"' sh "$@"; }
 
 # Each rank on its own host, and the hosts are who they say they are.
-on_host1 mpirun "${MPI_NET[@]}" /bin/sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $(ip -4 -o addr show | grep -o "10\.77\.0\.[12]")"' \
+# Every mpirun is bounded (timeout): a TCP start-up hang ends with the teardown, not with
+# ctest's SIGKILL, which would skip the EXIT trap and leave the namespaces behind.
+on_host1 timeout 60 mpirun "${MPI_NET[@]}" /bin/sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $(ip -4 -o addr show | grep -o "10\.77\.0\.[12]")"' \
   > "$WORK/where" 2>&1 || { cat "$WORK/where" >&2; fail "mpirun across the two hosts"; }
 diff <(sort "$WORK/where") <(printf '0 host1 10.77.0.1\n1 host2 10.77.0.2\n') ||
   fail "ranks not one per host: $(cat "$WORK/where")"
@@ -65,14 +69,15 @@ bytes() { ip -n "$NS1" -s -j link show "$VETH1" | python3 -c 'import json,sys; s
 B0=$(bytes)
 STEPS=30
 T=(train.max_steps=$STEPS checkpoint.every_steps=0 eval.every_steps=10)
-on_host1 mpirun "${MPI_NET[@]}" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+on_host1 timeout 180 mpirun "${MPI_NET[@]}" -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   "$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$WORK/net" "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]" \
   dist.backend=mpi "${T[@]}" > "$WORK/net.log" 2>&1 || { tail -n 30 "$WORK/net.log" >&2; fail "training across the two hosts"; }
 B1=$(bytes)
 grep -q "world size 2" "$WORK/net/logs/rank_00.log" || fail "the run across the hosts is not world size 2"
 
 # The same recipe on one host, shared memory allowed.
-train 2 "$WORK/local" dist.backend=mpi "${T[@]}" > "$WORK/local.log" 2>&1 || { cat "$WORK/local.log" >&2; fail "single-host run"; }
+timeout 180 mpirun -np 2 --bind-to none "$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$WORK/local" \
+  "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]" dist.backend=mpi "${T[@]}" > "$WORK/local.log" 2>&1 || { cat "$WORK/local.log" >&2; fail "single-host run"; }
 field "$WORK/net/metrics.jsonl" loss > "$WORK/net.loss"
 field "$WORK/local/metrics.jsonl" loss > "$WORK/local.loss"
 [ "$(wc -l < "$WORK/net.loss")" -eq "$STEPS" ] || fail "the two-host run logged $(wc -l < "$WORK/net.loss") steps, want $STEPS"

@@ -74,8 +74,10 @@ class DataParallel {
   // from earlier micro-steps, or zeros), waits for every bucket, and writes the averaged values
   // into each parameter's .grad. A parameter with no gradient on any rank keeps an undefined
   // .grad. Afterwards .grad is bitwise identical on every rank. No-op while sync is disabled.
-  // After the first synced step each .grad aliases its bucket's buffer (no copies in or out);
-  // zero_grad() keeps that, grads reset to undefined cost one copy at the next sync.
+  // After the first synced step each .grad aliases its bucket's buffer (no copies in or out).
+  // zero_grad(/*set_to_none=*/false) keeps that; LibTorch's default zero_grad() (set_to_none,
+  // which the trainer calls) resets the grads to undefined, which costs one copy per parameter
+  // at the next sync.
   // Throws CommError when a collective fails.
   void finish_gradient_sync();
 
