@@ -33,8 +33,6 @@ REL=tests/assets/tiny.yaml
 RUN="$WORK/run"
 BASE=("data.cache_dir=$CACHE" "data.corpus=[$CORPUS]")
 
-# Calibrate: the median step time of this machine at np=2, so that the run needs about 4 jobs of
-# ~14 s of training (the jobs' train.time_limit_s) whatever the machine's speed.
 # Every mpirun is bounded (timeout), so a hang ends here, with the teardown, not by ctest's
 # SIGKILL at TIMEOUT (which skips the EXIT trap and would leave the daemons running).
 train() {
@@ -42,6 +40,8 @@ train() {
   timeout 400 mpirun -np "$np" --bind-to none "$MLLM_BIN/mllm-train" "$MLLM_SOURCE_DIR/$REL" \
     "run.out_dir=$out" "${BASE[@]}" "$@"
 }
+# Calibrate: the median step time of this machine at np=2, so that the run needs about 4 jobs of
+# ~14 s of training (the jobs' train.time_limit_s) whatever the machine's speed.
 train 2 "$WORK/calib" train.max_steps=600 checkpoint.every_steps=0 eval.every_steps=0 > "$WORK/calib.log" 2>&1 \
   || { cat "$WORK/calib.log" >&2; fail "calibration run"; }
 STEP_MS=$(python3 -c '
