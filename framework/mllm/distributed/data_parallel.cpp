@@ -80,6 +80,25 @@ double sum_of_squares(const torch::Tensor& g) {
   return g.detach().to(torch::kDouble).square().sum().item<double>();
 }
 
+// Sum of squares of every defined tensor in `ts`, in order: CPU tensors with sum_of_squares,
+// GPU ones summed on the device and read back once.
+double total_squares(const std::vector<torch::Tensor>& ts) {
+  double sq = 0.0;
+  torch::Tensor device_sq;
+  for (const auto& g : ts) {
+    if (!g.defined()) continue;
+    if (g.device().is_cpu()) {
+      sq += sum_of_squares(g);
+    } else {
+      torch::NoGradGuard no_grad;
+      torch::Tensor s = g.detach().to(torch::kDouble).square().sum();
+      device_sq = device_sq.defined() ? device_sq + s : s;
+    }
+  }
+  if (device_sq.defined()) sq += device_sq.item<double>();
+  return sq;
+}
+
 // `sizes` elements of `buffer` from element `offset`, as a tensor of its own rather than an
 // autograd view: optimizers' zero_grad() calls detach_() on .grad, which views refuse. The
 // deleter holds a reference, so the bucket lives as long as any gradient aliasing it.
@@ -136,8 +155,6 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
       b.shard = shard_range(b.numel, world, rank);  // grad_shard: set at the first launch
       for (size_t i : b.params) {
         const Param& p = params_[i];
-        if (!p.tensor.is_contiguous())
-          throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + p.name + "' is not");
         const int64_t lo = std::max(b.shard.begin, p.offset);
         const int64_t hi = std::min(b.shard.end, p.offset + p.tensor.numel());
         if (lo >= hi) continue;
@@ -430,20 +447,10 @@ double DataParallel::clip_grad_norm(double max_norm) {
   }
   if (zero_stage_ == 1) {
     // Each rank's slices: partial sums of squares, one all-reduce, the same norm everywhere.
-    double partial = 0.0;
-    torch::Tensor device_sq;
-    for (const auto& b : buckets_) {
-      if (b.shard.numel() == 0) continue;
-      if (b.grad_shard.device().is_cpu()) {
-        partial += sum_of_squares(b.grad_shard);
-      } else {
-        torch::NoGradGuard no_grad;
-        torch::Tensor s = b.grad_shard.to(torch::kDouble).square().sum();
-        device_sq = device_sq.defined() ? device_sq + s : s;
-      }
-    }
-    if (device_sq.defined()) partial += device_sq.item<double>();
-    torch::Tensor total = torch::tensor({partial}, torch::kDouble);
+    std::vector<torch::Tensor> slices;
+    for (const auto& b : buckets_)
+      if (b.shard.numel() > 0) slices.push_back(b.grad_shard);
+    torch::Tensor total = torch::tensor({total_squares(slices)}, torch::kDouble);
     collectives_issued_ += 1;
     comm_->all_reduce(total, ReduceOp::kSum);
     const double norm = std::sqrt(total.item<double>());
@@ -454,21 +461,9 @@ double DataParallel::clip_grad_norm(double max_norm) {
     }
     return norm;
   }
-  double sq = 0.0;
-  torch::Tensor device_sq;  // GPU gradients: summed on the device, read back once
-  for (const auto& p : params_) {
-    const torch::Tensor& g = p.tensor.grad();
-    if (!g.defined()) continue;
-    if (g.device().is_cpu()) {
-      sq += sum_of_squares(g);
-    } else {
-      torch::NoGradGuard no_grad;
-      torch::Tensor s = g.detach().to(torch::kDouble).square().sum();
-      device_sq = device_sq.defined() ? device_sq + s : s;
-    }
-  }
-  if (device_sq.defined()) sq += device_sq.item<double>();
-  const double norm = std::sqrt(sq);
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params_) grads.push_back(p.tensor.grad());
+  const double norm = std::sqrt(total_squares(grads));
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     const double coef = max_norm / norm;
     torch::NoGradGuard no_grad;
