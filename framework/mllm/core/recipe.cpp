@@ -3,6 +3,8 @@
 #include "mllm/core/recipe.h"
 
 #include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -10,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/plugin.h"
 #include "mllm/core/recipe_schema.h"
 #include "mllm/core/suggest.h"
 #include "mllm/core/yaml_compose.h"
@@ -43,6 +46,11 @@ std::string unknown_key_message(const KeySpec& root, const KeySpec& section,
   if (!homes.empty())
     return fmt::format("key '{}' is not valid in section '{}'; it belongs at {} (move it there)",
                        path, prefix.empty() ? "<top level>" : prefix, join(homes, " or "));
+  if (section.children.empty())  // an options section of a component that declares none
+    return fmt::format("unknown key '{}': {}", path, section.help);
+  if (prefix.empty() && find_options("callback", key))
+    return fmt::format("section '{}' holds the options of callback '{}', which `callbacks:` does "
+                       "not list; add it there, or remove the section", key, key);
   // A typo or another framework's name: nearest name or alias in this section.
   std::vector<std::string> names;
   std::vector<std::string> owners;
@@ -66,6 +74,16 @@ std::string unknown_key_message(const KeySpec& root, const KeySpec& section,
   return msg;
 }
 
+void read_leaf(const KeySpec& spec, const YAML::Node& node, const std::string& path,
+               const ComposedYaml& composed) {
+  try {
+    spec.read(node);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(fmt::format("{}: {}: {} ({}: {})", composed.locate(path).str(), path,
+                                  e.what(), spec.type, spec.help));
+  }
+}
+
 void read_section(const KeySpec& root, const KeySpec& section, const YAML::Node& node,
                   const std::string& prefix, const ComposedYaml& composed) {
   if (node.IsNull()) return;  // `eval:` with nothing under it keeps the defaults
@@ -86,12 +104,38 @@ void read_section(const KeySpec& root, const KeySpec& section, const YAML::Node&
       read_section(root, *spec, kv.second, path, composed);
       continue;
     }
-    try {
-      spec->read(kv.second);
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError(fmt::format("{}: {}: {} ({}: {})", composed.locate(path).str(), path,
-                                    e.what(), spec->type, spec->help));
+    read_leaf(*spec, kv.second, path, composed);
+  }
+}
+
+// The keys that decide the rest of the schema: which plugins to load, and the component names
+// whose declared options make up the options sections. Read (and checked) before the full walk.
+void read_component_keys(const KeySpec& root, const ComposedYaml& composed) {
+  static const char* const paths[] = {"plugins", "callbacks", "model.type", "data.tokenizer.type",
+                                      "optim.type", "schedule.type"};
+  for (const char* path : paths) {
+    const KeySpec* spec = &root;
+    // yaml-cpp: `=` on a Node assigns into the tree and a non-const operator[] inserts, so the
+    // walk only reads (const access) and moves with reset().
+    YAML::Node node;
+    node.reset(composed.root);
+    std::string p(path);
+    bool found = true;
+    for (std::size_t start = 0; found;) {
+      const std::size_t dot = p.find('.', start);
+      const std::string part = p.substr(start, dot == std::string::npos ? dot : dot - start);
+      const KeySpec* child = nullptr;
+      for (const auto& c : spec->children)
+        if (c.name == part) child = &c;
+      const YAML::Node& cur = node;
+      if (!child || !cur.IsMap() || !cur[part]) found = false;
+      if (!found) break;
+      spec = child;
+      node.reset(cur[part]);
+      if (dot == std::string::npos) break;
+      start = dot + 1;
     }
+    if (found && !spec->is_section()) read_leaf(*spec, node, p, composed);
   }
 }
 
@@ -129,8 +173,12 @@ void validate(const Recipe& r, const ComposedYaml& c) {
                         "[data/tang300/*.jsonl]");
 }
 
-Recipe build(const ComposedYaml& composed, const std::string& source) {
+Recipe build(const ComposedYaml& composed, const std::string& source, RecipePlugins plugins) {
   Recipe r;
+  // Two passes: plugins and component names first, since they decide which option sections
+  // exist; then everything, against the schema those give.
+  read_component_keys(detail::recipe_schema(r), composed);
+  if (plugins == RecipePlugins::kLoad) load_plugins(r.plugins);
   KeySpec root = detail::recipe_schema(r);
   read_section(root, root, composed.root, "", composed);
   validate(r, composed);
@@ -141,12 +189,19 @@ Recipe build(const ComposedYaml& composed, const std::string& source) {
 }  // namespace
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  return build(compose_yaml(path, overrides), path);
+  return build(compose_yaml(path, overrides), path, RecipePlugins::kLoad);
 }
 
 Recipe load_recipe_string(const std::string& yaml, const std::string& name,
-                          const std::vector<std::string>& overrides, const std::string& base_dir) {
-  return build(compose_yaml_string(yaml, name, base_dir, overrides), name);
+                          const std::vector<std::string>& overrides, const std::string& base_dir,
+                          RecipePlugins plugins) {
+  return build(compose_yaml_string(yaml, name, base_dir, overrides), name, plugins);
+}
+
+const Options& Recipe::options_of_callback(const std::string& name) const {
+  static const Options none;
+  auto it = callback_options.find(name);
+  return it == callback_options.end() ? none : it->second;
 }
 
 void validate_for_world(const Recipe& r, int world_size) {
@@ -164,7 +219,10 @@ void validate_for_world(const Recipe& r, int world_size) {
 namespace {
 YAML::Node to_node(const KeySpec& s) {
   YAML::Node n(YAML::NodeType::Map);
-  for (const auto& c : s.children) n[c.name] = c.is_section() ? to_node(c) : c.write();
+  for (const auto& c : s.children) {
+    if (c.is_section() && c.children.empty()) continue;  // a component without options
+    n[c.name] = c.is_section() ? to_node(c) : c.write();
+  }
   return n;
 }
 }  // namespace
@@ -215,10 +273,18 @@ std::vector<std::pair<std::string, std::string>> flatten(const Recipe& recipe) {
 }
 
 std::vector<RecipeDifference> recipe_diff(const Recipe& a, const Recipe& b) {
-  auto fa = flatten(a), fb = flatten(b);
+  const auto fa = flatten(a), fb = flatten(b);
+  std::map<std::string, std::string> in_b(fb.begin(), fb.end());
+  std::set<std::string> in_a;
   std::vector<RecipeDifference> out;
-  for (std::size_t i = 0; i < fa.size(); ++i)
-    if (fa[i].second != fb[i].second) out.push_back({fa[i].first, fa[i].second, fb[i].second});
+  for (const auto& [key, value] : fa) {
+    in_a.insert(key);
+    auto it = in_b.find(key);
+    const std::string other = it == in_b.end() ? "(absent)" : it->second;
+    if (value != other) out.push_back({key, value, other});
+  }
+  for (const auto& [key, value] : fb)
+    if (!in_a.count(key)) out.push_back({key, "(absent)", value});
   return out;
 }
 
@@ -229,6 +295,23 @@ std::string recipe_reference() {
   visit_keys(detail::recipe_schema(r), "", [&](const std::string& p, const KeySpec& k) {
     os << "| `" << p << "` | " << k.type << " | `" << flow_text(k) << "` | " << k.help << " |\n";
   });
+  // Options declared by components (plugins) loaded in this process.
+  for (const auto& [id, schema] : all_options()) {
+    const auto& [kind, name] = id;
+    const std::string section = options_section(kind, name);
+    os << fmt::format("\n### {} `{}`: options under `{}:`{}\n\n", kind, name, section,
+                      kind == "callback" ? "" : fmt::format(" (when {} is `{}`)",
+                          kind == "model" ? "model.type" : kind == "tokenizer"
+                              ? "data.tokenizer.type" : kind == "optimizer" ? "optim.type"
+                              : "schedule.type", name));
+    os << "| key | type | default | meaning |\n|---|---|---|---|\n";
+    for (const auto& spec : schema->specs()) {
+      OptionValue v = spec.default_value;
+      KeySpec k = detail::option_key(spec, v);
+      os << "| `" << section << "." << spec.key << "` | " << k.type << " | `" << flow_text(k)
+         << "` | " << k.help << " |\n";
+    }
+  }
   return os.str();
 }
 

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "mllm/core/options.h"
 
 namespace mllm {
 
@@ -23,6 +26,7 @@ struct TokenizerConfig {
   double character_coverage = 0;  // bpe: sentencepiece's character_coverage; 0 = automatic
   int64_t min_count = 1;       // char: drop characters seen fewer times (they become <UNK>)
   int64_t max_vocab = 0;       // char: keep at most this many tokens (0 = no limit)
+  Options options;             // data.tokenizer.options: what the tokenizer type declares (options.h)
 };
 
 struct DataConfig {
@@ -53,6 +57,7 @@ struct ModelConfig {
   bool tie_embeddings = false;   // llama: share input embedding and output head
   double init_std = 0.02;        // normal init std; residual projections / sqrt(2 n_layers)
   std::string attn_impl = "auto";  // eager | sdpa | auto (sdpa on CUDA, eager on the CPU)
+  Options options;               // model.options: what the model type declares (options.h)
 };
 
 struct TrainConfig {
@@ -78,12 +83,14 @@ struct OptimConfig {
   double grad_clip = 1.0;        // max global L2 norm; 0 disables clipping
   bool decay_bias_and_norm = false;   // apply weight decay to biases and norm weights
   bool decay_embeddings = false;      // apply weight decay to embedding tables
+  Options options;               // optim.options: what the optimizer type declares (options.h)
 };
 
 struct ScheduleConfig {
   std::string type = "warmup_cosine";  // warmup_cosine | constant | linear
   int64_t warmup_steps = 100;
   double min_lr = 5e-5;
+  Options options;               // schedule.options: what the schedule type declares (options.h)
 };
 
 struct DistConfig {
@@ -135,7 +142,14 @@ struct Recipe {
   SampleConfig sample;
   LogConfig log;
 
+  // Options of the listed callbacks that declare some, by callback name: each is read from the
+  // top-level section named after its callback (options.h).
+  std::map<std::string, Options> callback_options;
+
   std::string source;  // the recipe file it was loaded from (not a key)
+
+  // The options of callback `name` (empty when it declares none).
+  const Options& options_of_callback(const std::string& name) const;
 
   // Attention-probability dropout actually used: model.attn_dropout, or model.dropout if null.
   double attn_dropout() const { return model.attn_dropout.value_or(model.dropout); }
@@ -149,12 +163,19 @@ struct Recipe {
 
 // Loads, composes (defaults < file < overrides) and validates a recipe. Throws ConfigError
 // naming file:line:col, the key path and what was expected (with a did-you-mean for typos).
+// The `plugins:` it lists are loaded (load_plugins) before the rest is read, because a plugin's
+// components declare recipe keys of their own (options.h).
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Same, from YAML text; `name` appears in errors, includes resolve against `base_dir`.
+// `plugins`: kLoad dlopens the recipe's `plugins:` first (their option sections become valid
+// keys); kAlreadyLoaded reads against what this process has loaded (a checkpoint's saved recipe,
+// whose plugin paths may have moved since).
+enum class RecipePlugins { kLoad, kAlreadyLoaded };
 Recipe load_recipe_string(const std::string& yaml, const std::string& name = "<string>",
                           const std::vector<std::string>& overrides = {},
-                          const std::string& base_dir = ".");
+                          const std::string& base_dir = ".",
+                          RecipePlugins plugins = RecipePlugins::kLoad);
 
 // Checks that need the world size: global_batch divisible by micro_batch x world_size.
 // Throws ConfigError with the fix (nearest valid global batches) when it is not.
@@ -174,10 +195,12 @@ std::vector<std::pair<std::string, std::string>> flatten(const Recipe& recipe);
 struct RecipeDifference {
   std::string key, a, b;
 };
-// Keys whose values differ, in schema order.
+// Keys whose values differ, in the order of `a` then the keys only `b` has; a key present on one
+// side only (another plugin component's options) shows "(absent)" on the other.
 std::vector<RecipeDifference> recipe_diff(const Recipe& a, const Recipe& b);
 
-// Markdown table of every key: path, type, default, help.
+// Markdown table of every key: path, type, default, help; then one table per component that
+// declared options in this process (plugins loaded), under its section path.
 std::string recipe_reference();
 
 }  // namespace mllm

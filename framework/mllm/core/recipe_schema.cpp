@@ -254,23 +254,87 @@ Check lr_range() {
   };
 }
 
-KeySpec section(const char* name, const char* help, std::vector<KeySpec> children) {
+KeySpec section(const std::string& name, const std::string& help, std::vector<KeySpec> children) {
   KeySpec s;
   s.name = name;
   s.type = "section";
   s.help = help;
   s.children = std::move(children);
+  s.section = true;
   return s;
 }
 
+// The options section of the component `name` of `kind`, bound to `opts`: one leaf per declared
+// option (none when the component declares none: any key there is then unknown).
+KeySpec options_spec(const std::string& section_name, const std::string& kind,
+                     const std::string& name, Options& opts) {
+  opts.section = options_section(kind, name);
+  const OptionSchema* schema = find_options(kind, name);
+  std::map<std::string, OptionValue> values;
+  std::vector<KeySpec> children;
+  if (schema) {
+    for (const auto& spec : schema->specs()) {
+      auto it = opts.values.find(spec.key);
+      bool keep = it != opts.values.end() && it->second.index() == spec.default_value.index();
+      values[spec.key] = keep ? it->second : spec.default_value;
+    }
+  }
+  opts.values = std::move(values);
+  if (schema)
+    for (const auto& spec : schema->specs()) children.push_back(option_key(spec, opts.values[spec.key]));
+  return section(section_name,
+                 schema ? fmt::format("options declared by {} '{}'", kind, name)
+                        : fmt::format("{} '{}' declares no options", kind, name),
+                 std::move(children));
+}
+
 }  // namespace
+
+KeySpec option_key(const OptionSpec& spec, OptionValue& value) {
+  const char* name = spec.key.c_str();
+  const char* help = spec.help.c_str();
+  KeySpec k;
+  switch (spec.type) {
+    case OptionType::kBool:
+      k = key(name, std::get<bool>(value), help);
+      break;
+    case OptionType::kInteger: {
+      OptionRange range = spec.range;
+      k = key(name, std::get<int64_t>(value), help, [range](double v) { return range.violation(v); });
+      break;
+    }
+    case OptionType::kNumber: {
+      OptionRange range = spec.range;
+      k = key(name, std::get<double>(value), help, [range](double v) { return range.violation(v); });
+      break;
+    }
+    case OptionType::kString:
+      k = key(name, std::get<std::string>(value), help, spec.choices);
+      break;
+    case OptionType::kStringList:
+      k = key(name, std::get<std::vector<std::string>>(value), help);
+      break;
+  }
+  // The range or choices belong to the type column (--help-recipe).
+  if (spec.type == OptionType::kInteger || spec.type == OptionType::kNumber) {
+    const auto& rg = spec.range;
+    if (rg.min && rg.max)
+      k.type += fmt::format(" in {}{}, {}{}", rg.min_exclusive ? "(" : "[", *rg.min, *rg.max,
+                            rg.max_exclusive ? ")" : "]");
+    else if (rg.min)
+      k.type += fmt::format(" {} {}", rg.min_exclusive ? ">" : ">=", *rg.min);
+    else if (rg.max)
+      k.type += fmt::format(" {} {}", rg.max_exclusive ? "<" : "<=", *rg.max);
+  }
+  return k;
+}
 
 KeySpec recipe_schema(Recipe& r) {
   auto& d = r.data;
   auto& m = r.model;
   auto& t = r.train;
   auto& o = r.optim;
-  return section("", "recipe", {
+  KeySpec root = section("", "recipe", {
       key("plugins", r.plugins, "shared libraries (.so) dlopen'ed before building; they register components"),
       key("callbacks", r.callbacks, "training callbacks by registry name; metrics and eval run before "
           "checkpoint, samples and plugin callbacks after it, recipe order within each"),
@@ -295,6 +359,7 @@ KeySpec recipe_schema(Recipe& r) {
                   in_range(0, 1)),
               key("min_count", d.tokenizer.min_count, "char: minimum character count to get an id", at_least(1)),
               key("max_vocab", d.tokenizer.max_vocab, "char: vocabulary cap incl. specials (0 = none)", at_least(0)),
+              options_spec("options", "tokenizer", d.tokenizer.type, d.tokenizer.options),
           }),
           key("cache_dir", d.cache_dir, "where the tokenizer and token shards are written"),
           key("val_fraction", d.val_fraction, "share of documents held out for validation", in_range(0, 0.5)),
@@ -321,6 +386,7 @@ KeySpec recipe_schema(Recipe& r) {
           key("attn_impl", m.attn_impl,
               "attention kernel: eager (explicit softmax), sdpa (LibTorch scaled_dot_product_attention), "
               "auto (sdpa on CUDA, eager on the CPU)", {"auto", "eager", "sdpa"}),
+          options_spec("options", "model", m.type, m.options),
       }),
       section("train", "loop and batch sizes", {
           key("max_steps", t.max_steps, "optimizer steps of the whole run (the schedule spans them)", at_least(1)),
@@ -349,12 +415,14 @@ KeySpec recipe_schema(Recipe& r) {
           key("grad_clip", o.grad_clip, "max global gradient L2 norm (0 = off)", at_least(0), {"clip", "max_norm"}),
           key("decay_bias_and_norm", o.decay_bias_and_norm, "weight-decay biases and norm weights too"),
           key("decay_embeddings", o.decay_embeddings, "weight-decay embedding tables too"),
+          options_spec("options", "optimizer", o.type, o.options),
       }),
       section("schedule", "learning-rate schedule", {
           key("type", r.schedule.type, "schedule registry name (warmup_cosine, constant, linear)"),
           key("warmup_steps", r.schedule.warmup_steps, "linear warmup from 0 over these steps", at_least(0),
               {"warmup"}),
           key("min_lr", r.schedule.min_lr, "lr reached at max_steps", at_least(0)),
+          options_spec("options", "schedule", r.schedule.type, r.schedule.options),
       }),
       section("dist", "data parallelism", {
           key("backend", r.dist.backend, "communicator", {"auto", "mpi", "nccl", "single"}),
@@ -394,6 +462,21 @@ KeySpec recipe_schema(Recipe& r) {
               {"trace", "debug", "info", "warn", "error"}),
       }),
   });
+  // One top-level section per listed callback that declares options, after the built-ins.
+  std::map<std::string, Options> callback_options;
+  for (const auto& name : r.callbacks) {
+    if (!find_options("callback", name) || callback_options.count(name)) continue;
+    callback_options[name] = r.callback_options.count(name) ? r.callback_options[name] : Options{};
+  }
+  r.callback_options = std::move(callback_options);
+  for (const auto& name : r.callbacks) {
+    auto it = r.callback_options.find(name);
+    if (it == r.callback_options.end()) continue;
+    bool seen = false;
+    for (const auto& c : root.children) seen = seen || c.name == name;
+    if (!seen) root.children.push_back(options_spec(name, "callback", name, it->second));
+  }
+  return root;
 }
 
 }  // namespace mllm::detail

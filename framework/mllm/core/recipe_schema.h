@@ -20,12 +20,19 @@ struct KeySpec {
   std::string help;
   std::vector<std::string> aliases;  // common other spellings, for did-you-mean only
   std::vector<KeySpec> children;
+  bool section = false;              // a section even with no children (an empty options section)
   std::function<void(const YAML::Node&)> read;
   std::function<YAML::Node()> write;
-  bool is_section() const { return !children.empty(); }
+  bool is_section() const { return section || !children.empty(); }
 };
 
-// The schema bound to `r`: reading through it fills r, writing reads r.
+// The schema bound to `r`: reading through it fills r, writing reads r. The options sections
+// (options.h) follow the component names currently in r (model.type, callbacks, ...): their
+// values are filled with the declared defaults where missing, and values of undeclared keys are
+// dropped, so call it again after changing a component name.
 KeySpec recipe_schema(Recipe& r);
+
+// The KeySpec leaf for one declared option, bound to `value` (which it reads into and writes).
+KeySpec option_key(const OptionSpec& spec, OptionValue& value);
 
 }  // namespace mllm::detail

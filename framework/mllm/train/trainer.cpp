@@ -126,6 +126,8 @@ bool matches_any(const std::string& key, std::initializer_list<const char*> patt
 // Recipe keys that may change between a checkpoint and the run resuming it. Everything else
 // (model shape, tokenizer, data, batch sizes, optimizer type, seed) would silently change the run.
 bool may_change_on_resume(const std::string& key) {
+  // A callback's own options section (options.h): callbacks may change, so may their options.
+  if (find_options("callback", key.substr(0, key.find('.')))) return true;
   return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
                            "train.time_limit_s", "train.threads", "train.device", "train.tf32",
                            "train.on_nonfinite", "train.max_nonfinite_skips", "model.attn_impl",
@@ -303,8 +305,10 @@ void Trainer::build() {
   }
   resume_folder = comm.all_gather(resume_folder)[0];
   if (!resume_folder.empty()) {
+    // Against the plugins this run loaded: the saved plugin paths may have moved since.
     Recipe saved = load_recipe_string(read_checkpoint_recipe(resume_folder),
-                                      resume_folder + "/recipe.yaml");
+                                      resume_folder + "/recipe.yaml", {}, ".",
+                                      RecipePlugins::kAlreadyLoaded);
     std::string breaking;
     for (const auto& d : recipe_diff(saved, r)) {
       if (!may_change_on_resume(d.key))
