@@ -53,8 +53,14 @@ TEST(Plugin, LoadsAndRegisters) {
   ASSERT_FALSE(reg.contains("plugin_half"));
   mllm::load_plugins({MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin.so"});
   ASSERT_TRUE(reg.contains("plugin_half"));
-  auto s = reg.create("plugin_half", mllm::ScheduleConfig{}, 0.5, 10);
+  mllm::ScheduleConfig config;
+  config.options.values["factor"] = 0.5;  // the plugin's declared default
+  auto s = reg.create("plugin_half", config, 0.5, 10);
   EXPECT_DOUBLE_EQ(s->lr(3), 0.25);
+  const mllm::OptionSchema* schema = mllm::find_options("schedule", "plugin_half");
+  ASSERT_NE(schema, nullptr);
+  ASSERT_EQ(schema->specs().size(), 1u);
+  EXPECT_EQ(schema->specs()[0].key, "factor");
   // Loading again is a no-op, not a duplicate registration.
   EXPECT_NO_THROW(mllm::load_plugins({MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin.so"}));
 }
@@ -77,13 +83,51 @@ TEST(Plugin, FailuresNameLibraryAndReason) {
     EXPECT_NE(msg.find("no entry point"), std::string::npos) << msg;
     EXPECT_NE(msg.find("mllm_register_plugin"), std::string::npos) << msg;
   }
-  // A file that is not a shared library: dlopen's reason is passed on.
+  // A file that is not a shared library: refused by the stamp reader before dlopen.
   const std::string not_so = MLLM_SOURCE_DIR "/CMakeLists.txt";
   try {
     mllm::load_plugins({not_so});
     FAIL();
   } catch (const mllm::ConfigError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("failed to load"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is not a 64-bit ELF shared library (no ELF magic)"), std::string::npos)
+        << msg;
   }
+}
+
+// The stamp of a plugin built against another mllm names both versions, and no code of the
+// plugin runs (its static initialiser would abort this test binary).
+TEST(Plugin, RefusesAnotherMllmVersionBeforeLoading) {
+  const std::string old = MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin_oldstamp.so";
+  EXPECT_EQ(mllm::read_plugin_stamp(old),
+            "mllm_version=0.0.9;plugin_abi=1;torch=" MLLM_TORCH_VERSION_STRING ";cxx11_abi=1");
+  try {
+    mllm::load_plugins({old});
+    FAIL();
+  } catch (const mllm::ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("was built against mllm 0.0.9 (plugin ABI 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("but this is mllm " MLLM_VERSION_STRING " (plugin ABI " +
+                       std::to_string(MLLM_PLUGIN_ABI)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(old), std::string::npos) << msg;
+  }
+  const std::string nostamp = MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin_nostamp.so";
+  EXPECT_EQ(mllm::read_plugin_stamp(nostamp), "");
+  try {
+    mllm::load_plugins({nostamp});
+    FAIL();
+  } catch (const mllm::ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("carries no mllm build stamp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MLLM_PLUGIN_STAMP()"), std::string::npos) << msg;
+  }
+}
+
+// A plugin built in this tree carries exactly this libmllm's stamp.
+TEST(Plugin, StampMatchesThisBuild) {
+  const std::string ok = MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin.so";
+  EXPECT_EQ(mllm::read_plugin_stamp(ok), mllm::plugin_stamp());
+  EXPECT_EQ(std::string(mllm::plugin_stamp()),
+            "mllm_version=" MLLM_VERSION_STRING ";plugin_abi=" + std::to_string(MLLM_PLUGIN_ABI) +
+                ";torch=" MLLM_TORCH_VERSION_STRING ";cxx11_abi=1");
 }
