@@ -10,7 +10,13 @@ LAUNCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$LAUNCH_DIR")"
 PYTHON=${PYTHON:-python3}
 GNUPLOT=${GNUPLOT:-gnuplot}
-export MLLM_BIN=${MLLM_BIN:-$ROOT/build/bin}
+# The source tree's build/bin; in an install (<prefix>/share/mllm/launch) the prefix's bin/.
+if [ -z "${MLLM_BIN:-}" ]; then
+  MLLM_BIN=$ROOT/build/bin
+  [ -x "$MLLM_BIN/mllm-train" ] || [ ! -x "$ROOT/../../bin/mllm-train" ] ||
+    MLLM_BIN=$(cd "$ROOT/../../bin" && pwd)
+fi
+export MLLM_BIN
 LIB="$LAUNCH_DIR/sweep_lib.py"
 
 say() { echo "sweep: $*" >&2; }

@@ -12,6 +12,7 @@
 #include "mllm/data/prepare.h"
 #include "mllm/data/tokenizer.h"
 #include "mllm/core/plugin.h"
+#include "mllm/train/app.h"
 #include "mllm/train/builtins.h"
 
 int main(int argc, char** argv) {
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int threads = 0;
   bool force = false;
-  app.add_option("recipe", recipe_path, "recipe YAML file")->required();
+  app.add_option("recipe", recipe_path, "recipe YAML file, or the name of a bundled one (mini)")
+      ->required();
   app.add_option("overrides", overrides, "key.path=value overrides, e.g. data.seq_len=128");
   app.add_option("-j,--threads", threads, "encoding threads (0 = every core)")
       ->check(CLI::NonNegativeNumber);
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
 
   try {
     mllm::init_logging(0, 1, mllm::resolve_log_level("info"));
-    const mllm::Recipe recipe = mllm::load_recipe(recipe_path, overrides);
+    const mllm::Recipe recipe = mllm::load_recipe(mllm::resolve_recipe_path(recipe_path), overrides);
     mllm::init_logging(0, 1, mllm::resolve_log_level(recipe.log.level));
     mllm::register_builtins();
     mllm::load_plugins(recipe.plugins);  // a plugin may provide the tokenizer

@@ -23,10 +23,13 @@ int main(int argc, char** argv) {
   std::string recipe_path;
   std::vector<std::string> overrides;
   bool print_recipe = false, help_recipe = false;
-  app.add_option("recipe", recipe_path, "recipe YAML file (see recipes/)")->check(CLI::ExistingFile);
+  app.add_option("recipe", recipe_path,
+                 "recipe YAML file, or the name of a bundled one (mini: <prefix>/share/mllm/recipes/mini.yaml)");
   app.add_option("overrides", overrides, "key.path=value overrides, e.g. optim.lr=3e-4 train.max_steps=100");
   app.add_flag("--print-recipe", print_recipe, "print the resolved recipe (defaults, includes, overrides applied) and exit");
-  app.add_flag("--help-recipe", help_recipe, "print every recipe key with type, default and meaning, and exit");
+  app.add_flag("--help-recipe", help_recipe,
+               "print every recipe key with type, default and meaning, and exit; with a recipe, also "
+               "the options its plugins' components declare");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,12 +38,16 @@ int main(int argc, char** argv) {
   }
 
   return mllm::run_guarded("mllm-train", [&] {
-    if (help_recipe) {
+    if (help_recipe && recipe_path.empty()) {
       std::cout << mllm::recipe_reference();
       return 0;
     }
     if (recipe_path.empty()) throw mllm::ConfigError("no recipe given; usage: mllm-train RECIPE [key.path=value ...]");
-    mllm::Recipe recipe = mllm::load_recipe(recipe_path, overrides);
+    mllm::Recipe recipe = mllm::load_recipe(mllm::resolve_recipe_path(recipe_path), overrides);
+    if (help_recipe) {  // the recipe's plugins are loaded now: their options are listed too
+      std::cout << mllm::recipe_reference();
+      return 0;
+    }
     if (print_recipe) {
       std::cout << mllm::to_yaml(recipe);
       return 0;

@@ -1,9 +1,16 @@
 // The shared error boundary of the mllm programs.
 #include "mllm/train/app.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <spdlog/spdlog.h>
 
@@ -27,6 +34,35 @@ std::pair<int, int> launcher_rank_and_size() {
     if (rank && size) return {std::atoi(rank), std::atoi(size)};
   }
   return {0, 1};
+}
+
+std::string share_dir() {
+  if (const char* env = std::getenv("MLLM_SHARE_DIR"); env && *env) return env;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return (exe.parent_path().parent_path() / "share" / "mllm").string();
+}
+
+std::string resolve_recipe_path(const std::string& arg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(arg, ec)) return arg;
+  const std::string share = share_dir();
+  const fs::path recipes = fs::path(share) / "recipes";
+  if (arg.find('/') == std::string::npos && !arg.empty() && !share.empty()) {
+    for (const std::string& name : {arg, arg + ".yaml"})
+      if (fs::is_regular_file(recipes / name, ec)) return (recipes / name).string();
+  }
+  std::vector<std::string> bundled;
+  for (const auto& e : fs::directory_iterator(recipes, ec))
+    if (e.path().extension() == ".yaml") bundled.push_back(e.path().stem().string());
+  std::sort(bundled.begin(), bundled.end());
+  throw ConfigError(fmt::format(
+      "recipe '{}' not found: no such file{}", arg,
+      bundled.empty() ? std::string()
+                      : fmt::format(", and no bundled recipe of that name in {} (bundled: {})",
+                                    recipes.string(), fmt::join(bundled, ", "))));
 }
 
 int run_guarded(const char* program, const std::function<int()>& body) {
