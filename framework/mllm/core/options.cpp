@@ -31,15 +31,20 @@ const std::vector<std::string>& kinds() {
 
 }  // namespace
 
+std::string OptionRange::describe() const {
+  if (min && max)
+    return fmt::format("in {}{}, {}{}", min_exclusive ? "(" : "[", *min, *max,
+                       max_exclusive ? ")" : "]");
+  if (min) return fmt::format("{} {}", min_exclusive ? ">" : ">=", *min);
+  if (max) return fmt::format("{} {}", max_exclusive ? "<" : "<=", *max);
+  return "";
+}
+
 std::string OptionRange::violation(double v) const {
   const bool lo_ok = !min || (min_exclusive ? v > *min : v >= *min);
   const bool hi_ok = !max || (max_exclusive ? v < *max : v <= *max);
   if (lo_ok && hi_ok) return "";
-  if (min && max)
-    return fmt::format("must be in {}{}, {}{}, got {}", min_exclusive ? "(" : "[", *min, *max,
-                       max_exclusive ? ")" : "]", v);
-  if (min) return fmt::format("must be {} {}, got {}", min_exclusive ? ">" : ">=", *min, v);
-  return fmt::format("must be {} {}, got {}", max_exclusive ? "<" : "<=", *max, v);
+  return fmt::format("must be {}, got {}", describe(), v);
 }
 
 OptionSchema& OptionSchema::add(OptionSpec spec) {

@@ -26,8 +26,7 @@ using OptionValue = std::variant<bool, int64_t, double, std::string, std::vector
 
 enum class OptionType { kBool, kInteger, kNumber, kString, kStringList };
 
-// Bounds for an integer or number option; unset sides are open-ended. `describe()` gives the
-// "must be ..." text used in errors ("" when `v` is inside).
+// Bounds for an integer or number option; unset sides are open-ended.
 struct OptionRange {
   std::optional<double> min, max;
   bool min_exclusive = false, max_exclusive = false;
@@ -35,6 +34,9 @@ struct OptionRange {
   static OptionRange at_least(double lo) { return {lo, std::nullopt, false, false}; }
   static OptionRange greater_than(double lo) { return {lo, std::nullopt, true, false}; }
   static OptionRange between(double lo, double hi) { return {lo, hi, false, false}; }  // [lo, hi]
+  // "in [1, 16]", ">= 1", "< 1", or "" when unbounded (the --help-recipe type column).
+  std::string describe() const;
+  // "must be in [1, 16], got 64" for a value outside the bounds, "" for one inside.
   std::string violation(double v) const;
 };
 

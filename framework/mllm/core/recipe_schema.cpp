@@ -315,17 +315,9 @@ KeySpec option_key(const OptionSpec& spec, OptionValue& value) {
       k = key(name, std::get<std::vector<std::string>>(value), help);
       break;
   }
-  // The range or choices belong to the type column (--help-recipe).
-  if (spec.type == OptionType::kInteger || spec.type == OptionType::kNumber) {
-    const auto& rg = spec.range;
-    if (rg.min && rg.max)
-      k.type += fmt::format(" in {}{}, {}{}", rg.min_exclusive ? "(" : "[", *rg.min, *rg.max,
-                            rg.max_exclusive ? ")" : "]");
-    else if (rg.min)
-      k.type += fmt::format(" {} {}", rg.min_exclusive ? ">" : ">=", *rg.min);
-    else if (rg.max)
-      k.type += fmt::format(" {} {}", rg.max_exclusive ? "<" : "<=", *rg.max);
-  }
+  // The range belongs to the type column (--help-recipe); choices are there already.
+  const bool numeric = spec.type == OptionType::kInteger || spec.type == OptionType::kNumber;
+  if (numeric && !spec.range.describe().empty()) k.type += " " + spec.range.describe();
   return k;
 }
 

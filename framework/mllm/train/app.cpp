@@ -55,14 +55,17 @@ std::string resolve_recipe_path(const std::string& arg) {
       if (fs::is_regular_file(recipes / name, ec)) return (recipes / name).string();
   }
   std::vector<std::string> bundled;
-  for (const auto& e : fs::directory_iterator(recipes, ec))
-    if (e.path().extension() == ".yaml") bundled.push_back(e.path().stem().string());
+  if (!share.empty())
+    for (const auto& e : fs::directory_iterator(recipes, ec))
+      if (e.path().extension() == ".yaml") bundled.push_back(e.path().stem().string());
   std::sort(bundled.begin(), bundled.end());
-  throw ConfigError(fmt::format(
-      "recipe '{}' not found: no such file{}", arg,
-      bundled.empty() ? std::string()
-                      : fmt::format(", and no bundled recipe of that name in {} (bundled: {})",
-                                    recipes.string(), fmt::join(bundled, ", "))));
+  const bool by_name = arg.find('/') == std::string::npos;
+  std::string hint;
+  if (!bundled.empty())
+    hint = fmt::format(fmt::runtime(by_name ? ", and no bundled recipe of that name in {} (bundled: {})"
+                               : "; bundled recipes, by name, in {}: {}"),
+                       recipes.string(), fmt::join(bundled, ", "));
+  throw ConfigError(fmt::format("recipe '{}' not found: no such file{}", arg, hint));
 }
 
 int run_guarded(const char* program, const std::function<int()>& body) {
