@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_setting, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads per rank; 0 = usable CPUs / ranks on this node")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--json", as_json, "print the result as one JSON object");
+  std::vector<std::string> plugins;
+  auto* plugins_opt = app.add_option(
+      "--plugins", plugins,
+      "plugin libraries to load instead of the checkpoint recipe's `plugins:` (e.g. when they "
+      "moved since training; paths relative to the working directory)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -55,8 +60,8 @@ int main(int argc, char** argv) {
 
   return mllm::run_guarded("mllm-eval", [&] {
     mllm::register_builtins();
-    const auto [folder, recipe] = mllm::open_checkpoint(checkpoint);
-    mllm::load_plugins(recipe.plugins);
+    const auto [folder, recipe] = mllm::open_checkpoint(
+        checkpoint, plugins_opt->count() ? std::optional(plugins) : std::nullopt);
     mllm::DataConfig data = recipe.data;
     data.corpus = corpus;
     if (!text_field.empty()) data.text_field = text_field;

@@ -34,6 +34,11 @@ int main(int argc, char** argv) {
   app.add_option("--top-p", opt.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
   app.add_option("--seed", opt.seed, "sampling seed")->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
+  std::vector<std::string> plugins;
+  auto* plugins_opt = app.add_option(
+      "--plugins", plugins,
+      "plugin libraries to load instead of the checkpoint recipe's `plugins:` (e.g. when they "
+      "moved since training; paths relative to the working directory)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -44,8 +49,8 @@ int main(int argc, char** argv) {
   return mllm::run_guarded("mllm-generate", [&] {
     mllm::check_generate_options(opt);  // before anything is printed
     mllm::register_builtins();
-    const auto [folder, recipe] = mllm::open_checkpoint(checkpoint);
-    mllm::load_plugins(recipe.plugins);  // the model may come from a plugin
+    const auto [folder, recipe] = mllm::open_checkpoint(
+        checkpoint, plugins_opt->count() ? std::optional(plugins) : std::nullopt);
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     if (mllm::blas_startup_note().warn) spdlog::warn("{}", mllm::describe_blas());
     else spdlog::info("{}", mllm::describe_blas());

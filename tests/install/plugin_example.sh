@@ -115,6 +115,16 @@ has resume_bad.log "model.options.expansion: checkpoint 2 -> recipe 3"
   { cat resume_ok.log; fail "resume with another loss_ema.every"; }
 has resume_ok.log "resumed from"
 tail -1 runs/gelu/loss_ema.jsonl | grep -q '"step": 45' || fail "the resumed run did not write step 45"
+# mllm-generate on the plugin model's checkpoint: from the run's folder the recipe's relative
+# plugin path works; from elsewhere it is refused (exit 2) unless --plugins names the library.
+"$PREFIX/bin/mllm-generate" --checkpoint runs/gelu --prompt 春 --max-new-tokens 8 > gen.txt ||
+  fail "mllm-generate on the gelu_mini checkpoint"
+(cd "$WORK/elsewhere" && set +e
+ "$PREFIX/bin/mllm-generate" --checkpoint "$EX/runs/gelu" --prompt 春 > gen_moved.log 2>&1
+ [ $? -eq 2 ] || fail "mllm-generate without the plugin: not exit 2"
+ "$PREFIX/bin/mllm-generate" --checkpoint "$EX/runs/gelu" --prompt 春 --max-new-tokens 8 \
+   --plugins "$EX/build/libmllm_gelu.so" > gen_moved.txt || fail "mllm-generate --plugins")
+has "$WORK/elsewhere/gen_moved.log" "plugin 'build/libmllm_gelu.so': no such file"
 # --help-recipe with the recipe lists the plugin's keys with their ranges.
 "$PREFIX/bin/mllm-train" gelu.yaml --help-recipe > help.md
 has help.md '| `model.options.expansion` | integer in [1, 16] | `4` |'

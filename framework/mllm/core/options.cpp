@@ -144,6 +144,11 @@ std::string options_section(const std::string& kind, const std::string& name) {
 
 void register_options(const std::string& kind, const std::string& name, OptionSchema schema) {
   options_section(kind, name);  // validates the kind
+  // The name is written in recipes (model.type: NAME; a callback's section is named NAME).
+  static const std::regex name_re("[A-Za-z0-9_][A-Za-z0-9_-]*");
+  if (!std::regex_match(name, name_re))
+    throw Error(fmt::format("{} name '{}' cannot declare options: use letters, digits, '_' and "
+                            "'-' (it names a recipe section or value)", kind, name));
   if (kind == "callback") {
     static const std::vector<std::string> builtin = {
         "plugins", "callbacks", "defaults", "run", "data", "model", "train", "optim",

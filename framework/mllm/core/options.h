@@ -9,7 +9,8 @@
 //   kind "tokenizer"  data.tokenizer.options:   (when data.tokenizer.type names it)
 //   kind "optimizer"  optim.options:            (when optim.type names it)
 //   kind "schedule"   schedule.options:         (when schedule.type names it)
-//   kind "callback"   a top-level section named after the callback (when `callbacks:` lists it)
+//   kind "callback"   a top-level section named after the callback (valid whenever the plugin is
+//                     loaded, like the built-in callbacks' eval: or sample: sections)
 #pragma once
 
 #include <cstdint>
@@ -99,8 +100,9 @@ class Options {
 // Declares the options of component `name` of `kind` ("model", "tokenizer", "optimizer",
 // "schedule", "callback"; the table at the top of this file says where they are read). Call it
 // from a plugin's mllm_register_plugin(), next to the registry add(). Throws mllm::Error for an
-// unknown kind, a second schema for the same component, or a callback whose name is a built-in
-// top-level section (run, data, model, ...).
+// unknown kind, an empty name or one with characters other than letters, digits, '_' and '-', a
+// second schema for the same component, or a callback whose name is a built-in top-level
+// section (run, data, model, ...).
 void register_options(const std::string& kind, const std::string& name, OptionSchema schema);
 
 // The schema declared for (kind, name), or nullptr when it declared none.

@@ -66,7 +66,9 @@ std::string read_plugin_stamp(const std::string& path) {
   auto fail = [&](const std::string& why) -> ConfigError {
     return ConfigError(fmt::format("plugin '{}' is not a 64-bit ELF shared library ({})", path, why));
   };
-  const auto file_size = static_cast<uint64_t>(std::filesystem::file_size(path));
+  std::error_code ec;
+  const auto file_size = static_cast<uint64_t>(std::filesystem::file_size(path, ec));
+  if (ec) throw fail("cannot get its size: " + ec.message());
   auto read_at = [&](uint64_t offset, void* out, uint64_t n) {
     if (offset > file_size || n > file_size - offset) throw fail("truncated");
     f.seekg(static_cast<std::streamoff>(offset));
@@ -104,6 +106,9 @@ void load_plugins(const std::vector<std::string>& paths) {
     if (!std::filesystem::exists(path))
       throw ConfigError("plugin '" + path + "': no such file (plugins: paths are relative to the "
                         "working directory)");
+    if (!std::filesystem::is_regular_file(path))
+      throw ConfigError("plugin '" + path + "' is not a regular file; list the shared library "
+                        "(.so) itself");
     check_stamp(path);  // before dlopen: no code of a mismatched plugin runs
     // A path without '/' would make dlopen search the library path instead of the file.
     std::string open_path = path.find('/') == std::string::npos ? "./" + path : path;
@@ -117,10 +122,14 @@ void load_plugins(const std::vector<std::string>& paths) {
                         kPluginEntryPoint + "()`; export it and register components there");
     }
     auto entry = reinterpret_cast<void (*)()>(sym);
+    // Whatever the entry point throws is the plugin's failure to start: bad input, exit 2.
     try {
       entry();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       throw ConfigError("plugin '" + path + "': " + kPluginEntryPoint + "() failed: " + e.what());
+    } catch (...) {
+      throw ConfigError("plugin '" + path + "': " + kPluginEntryPoint +
+                        "() failed with an exception that is not a std::exception");
     }
     loaded.insert(canon);
   }

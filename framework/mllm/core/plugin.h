@@ -43,8 +43,8 @@ std::string read_plugin_stamp(const std::string& path);
 // Checks each library's stamp against plugin_stamp(), then dlopens it (RTLD_NOW) and calls its
 // entry point once; a library already loaded by this process is skipped. Throws ConfigError
 // naming the library and the reason: no such file, no stamp, a stamp of another mllm version,
-// plugin ABI, LibTorch version or C++ ABI (both named), the dlerror text, a missing entry point,
-// or whatever the entry point throws (e.g. a duplicate name).
+// plugin ABI, LibTorch version or C++ ABI (both named), not a regular file, the dlerror text, a
+// missing entry point, or anything the entry point throws (e.g. a duplicate name).
 void load_plugins(const std::vector<std::string>& paths);
 
 }  // namespace mllm

@@ -47,10 +47,9 @@ std::string unknown_key_message(const KeySpec& root, const KeySpec& section,
     return fmt::format("key '{}' is not valid in section '{}'; it belongs at {} (move it there)",
                        path, prefix.empty() ? "<top level>" : prefix, join(homes, " or "));
   if (section.children.empty())  // an options section of a component that declares none
-    return fmt::format("unknown key '{}': {}", path, section.help);
-  if (prefix.empty() && find_options("callback", key))
-    return fmt::format("section '{}' holds the options of callback '{}', which `callbacks:` does "
-                       "not list; add it there, or remove the section", key, key);
+    return fmt::format("unknown key '{}': {} (built-in components declare none; a plugin's "
+                       "component declares its options when the plugin loads: is it listed "
+                       "under `plugins:`?)", path, section.help);
   // A typo or another framework's name: nearest name or alias in this section.
   std::vector<std::string> names;
   std::vector<std::string> owners;
@@ -71,6 +70,9 @@ std::string unknown_key_message(const KeySpec& root, const KeySpec& section,
   std::vector<std::string> valid;
   for (const auto& c : section.children) valid.push_back(c.name);
   msg += fmt::format("; valid keys{}: {}", prefix.empty() ? "" : " under " + prefix, join(valid));
+  if (prefix.empty() && hint.empty())
+    msg += " (a plugin callback's options section is valid once its plugin is listed under "
+           "`plugins:`)";
   return msg;
 }
 
@@ -111,8 +113,8 @@ void read_section(const KeySpec& root, const KeySpec& section, const YAML::Node&
 // The keys that decide the rest of the schema: which plugins to load, and the component names
 // whose declared options make up the options sections. Read (and checked) before the full walk.
 void read_component_keys(const KeySpec& root, const ComposedYaml& composed) {
-  static const char* const paths[] = {"plugins", "callbacks", "model.type", "data.tokenizer.type",
-                                      "optim.type", "schedule.type"};
+  static const char* const paths[] = {"plugins", "model.type", "data.tokenizer.type", "optim.type",
+                                      "schedule.type"};
   for (const char* path : paths) {
     const KeySpec* spec = &root;
     // yaml-cpp: `=` on a Node assigns into the tree and a non-const operator[] inserts, so the

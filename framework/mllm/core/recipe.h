@@ -142,8 +142,8 @@ struct Recipe {
   SampleConfig sample;
   LogConfig log;
 
-  // Options of the listed callbacks that declare some, by callback name: each is read from the
-  // top-level section named after its callback (options.h).
+  // Options of the callbacks that declare some (their plugins loaded), by callback name: each is
+  // read from the top-level section named after its callback (options.h).
   std::map<std::string, Options> callback_options;
 
   std::string source;  // the recipe file it was loaded from (not a key)

@@ -454,20 +454,17 @@ KeySpec recipe_schema(Recipe& r) {
               {"trace", "debug", "info", "warn", "error"}),
       }),
   });
-  // One top-level section per listed callback that declares options, after the built-ins.
+  // One top-level section per callback that declares options (its plugin is loaded), after the
+  // built-ins, by name. Like the built-in callbacks' sections (eval:, sample:), it is valid
+  // whether or not `callbacks:` lists the callback.
   std::map<std::string, Options> callback_options;
-  for (const auto& name : r.callbacks) {
-    if (!find_options("callback", name) || callback_options.count(name)) continue;
-    callback_options[name] = r.callback_options.count(name) ? r.callback_options[name] : Options{};
-  }
+  for (const auto& [id, schema] : all_options())
+    if (id.first == "callback")
+      callback_options[id.second] =
+          r.callback_options.count(id.second) ? r.callback_options[id.second] : Options{};
   r.callback_options = std::move(callback_options);
-  for (const auto& name : r.callbacks) {
-    auto it = r.callback_options.find(name);
-    if (it == r.callback_options.end()) continue;
-    bool seen = false;
-    for (const auto& c : root.children) seen = seen || c.name == name;
-    if (!seen) root.children.push_back(options_spec(name, "callback", name, it->second));
-  }
+  for (auto& [name, opts] : r.callback_options)
+    root.children.push_back(options_spec(name, "callback", name, opts));
   return root;
 }
 

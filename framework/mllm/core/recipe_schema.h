@@ -27,9 +27,9 @@ struct KeySpec {
 };
 
 // The schema bound to `r`: reading through it fills r, writing reads r. The options sections
-// (options.h) follow the component names currently in r (model.type, callbacks, ...): their
-// values are filled with the declared defaults where missing, and values of undeclared keys are
-// dropped, so call it again after changing a component name.
+// (options.h) follow the component names currently in r (model.type, ...) and the callbacks
+// whose plugins are loaded: their values are filled with the declared defaults where missing,
+// and values of undeclared keys are dropped, so call it again after changing a component name.
 KeySpec recipe_schema(Recipe& r);
 
 // The KeySpec leaf for one declared option, bound to `value` (which it reads into and writes).

@@ -48,6 +48,8 @@ std::string resolve_recipe_path(const std::string& arg) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_regular_file(arg, ec)) return arg;
+  // A file of the working directory before a bundled recipe of the same name.
+  if (fs::is_regular_file(arg + ".yaml", ec)) return arg + ".yaml";
   const std::string share = share_dir();
   const fs::path recipes = fs::path(share) / "recipes";
   if (arg.find('/') == std::string::npos && !arg.empty() && !share.empty()) {

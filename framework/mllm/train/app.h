@@ -23,9 +23,9 @@ std::pair<int, int> launcher_rank_and_size();
 // build/share/mllm/{recipes,configs} to the sources).
 std::string share_dir();
 
-// The recipe file a program argument names: `arg` itself when that file exists; otherwise, when
-// `arg` names no folder, the bundled share_dir()/recipes/<arg> or <arg>.yaml (so an installed
-// `mllm-train mini` works from any folder). Throws ConfigError naming what was tried and the
+// The recipe file a program argument names: `arg` itself when that file exists, else <arg>.yaml;
+// otherwise, when `arg` names no folder, the bundled share_dir()/recipes/<arg> or <arg>.yaml (so
+// an installed `mllm-train mini` works from any folder). Throws ConfigError naming what was tried and the
 // bundled recipes when none exists.
 std::string resolve_recipe_path(const std::string& arg);
 

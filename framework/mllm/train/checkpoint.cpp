@@ -21,6 +21,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/core/fault.h"
+#include "mllm/core/plugin.h"
 #include "mllm/data/atomic_file.h"
 
 namespace fs = std::filesystem;
@@ -380,13 +381,17 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
   return std::nullopt;
 }
 
-OpenedCheckpoint open_checkpoint(const std::string& path) {
+OpenedCheckpoint open_checkpoint(const std::string& path,
+                                 const std::optional<std::vector<std::string>>& plugins) {
   if (path == "auto" || path == "none")
     throw CheckpointError("--checkpoint needs a folder: a checkpoint (checkpoints/step_NNNNNN) "
                           "or a run / checkpoints folder with `latest`");
   OpenedCheckpoint c;
   c.folder = find_resume_checkpoint(path, "").value();
-  c.recipe = load_recipe_string(read_checkpoint_recipe(c.folder), c.folder + "/recipe.yaml");
+  if (plugins) load_plugins(*plugins);
+  c.recipe = load_recipe_string(read_checkpoint_recipe(c.folder), c.folder + "/recipe.yaml", {}, ".",
+                                plugins ? RecipePlugins::kAlreadyLoaded : RecipePlugins::kLoad);
+  if (plugins) c.recipe.plugins = *plugins;
   return c;
 }
 

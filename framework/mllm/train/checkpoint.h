@@ -91,13 +91,16 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
 
 // A checkpoint named on a command line (--checkpoint of mllm-generate, -eval, -export): the folder
 // `path` resolves to (as find_resume_checkpoint; "auto" and "none" are refused, a path is
-// needed) and the recipe saved in it. Throws CheckpointError for a bad path or checkpoint,
-// ConfigError for a recipe this build cannot read.
+// needed) and the recipe saved in it. The recipe's `plugins:` are loaded first (paths relative
+// to the working directory); `plugins`, when given (--plugins), are loaded instead and replace
+// that list (a plugin that moved since training). Throws CheckpointError for a bad path or
+// checkpoint, ConfigError for a recipe this build cannot read or a plugin that cannot load.
 struct OpenedCheckpoint {
   std::string folder;
   Recipe recipe;
 };
-OpenedCheckpoint open_checkpoint(const std::string& path);
+OpenedCheckpoint open_checkpoint(const std::string& path,
+                                 const std::optional<std::vector<std::string>>& plugins = {});
 
 // Readers for a verified folder. Each throws CheckpointError naming the file on failure.
 TrainState read_train_state(const std::string& folder);

@@ -3,6 +3,7 @@
 // test_plugin.cpp) declares schedule `plugin_half` { factor: number in (0, 1], default 0.5 } and
 // callback `plugin_counter` { every: integer >= 1 = 10, mode: steps|tokens = steps,
 // verbose: bool = false, tags: list of strings = [a] }.
+// Each TEST runs in its own process (gtest_discover_tests), so the plugin loads afresh.
 #include <gtest/gtest.h>
 
 #include "mllm/core/error.h"
@@ -43,7 +44,9 @@ TEST(PluginOptions, ReadsValuesAndDefaults) {
   // Defaults when the section is absent.
   auto d = load_recipe_string(kBase + "schedule: {type: plugin_half}\n");
   EXPECT_EQ(d.schedule.options.number("factor"), 0.5);
-  EXPECT_TRUE(d.options_of_callback("plugin_counter").empty());  // not listed in callbacks
+  // A loaded callback's section holds its defaults, listed in `callbacks:` or not (as eval:).
+  EXPECT_EQ(d.options_of_callback("plugin_counter").integer("every"), 10);
+  EXPECT_TRUE(d.options_of_callback("progress").empty());  // declares none
   // A plugin asking for an undeclared key or the wrong type is a plugin bug, named as such.
   try {
     (void)r.schedule.options.integer("factor");
@@ -87,13 +90,17 @@ TEST(PluginOptions, SectionsOfComponentsNotInUse) {
   // The built-in model declares no options.
   std::string e = error_of(kBase + "model: {options: {expansion: 4}}\n");
   EXPECT_HAS(e, "unknown key 'model.options.expansion': model 'minillm' declares no options");
+  EXPECT_HAS(e, "is it listed under `plugins:`?");
   // Options for the schedule while another schedule is selected.
   e = error_of(kBase + "schedule: {options: {factor: 0.3}}\n");
   EXPECT_HAS(e, "schedule 'warmup_cosine' declares no options");
-  // A callback's section while `callbacks:` does not list it.
-  e = error_of(kBase + "plugin_counter: {every: 2}\n");
-  EXPECT_HAS(e, "section 'plugin_counter' holds the options of callback 'plugin_counter', which "
-                "`callbacks:` does not list");
+  // A callback's section while `callbacks:` does not list it: valid, as the built-in eval: is.
+  auto r = load_recipe_string(kBase + "callbacks: [metrics]\nplugin_counter: {every: 2}\n");
+  EXPECT_EQ(r.options_of_callback("plugin_counter").integer("every"), 2);
+  // Without the plugin, an unknown top-level section says where such sections come from.
+  e = error_of("data: {corpus: [x.txt]}\nloss_ema: {every: 2}\n");
+  EXPECT_HAS(e, "unknown key 'loss_ema'");
+  EXPECT_HAS(e, "valid once its plugin is listed under `plugins:`");
 }
 
 TEST(PluginOptions, DumpRoundTripAndDiff) {
@@ -111,9 +118,9 @@ TEST(PluginOptions, DumpRoundTripAndDiff) {
   std::vector<std::string> keys;
   for (const auto& d : diff) keys.push_back(d.key + "=" + d.a + "->" + d.b);
   EXPECT_NE(std::find(keys.begin(), keys.end(), "schedule.options.factor=0.25->0.5"), keys.end());
-  EXPECT_NE(std::find(keys.begin(), keys.end(), "plugin_counter.every=3->(absent)"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "plugin_counter.every=3->10"), keys.end());
 
-  // A recipe of built-ins only dumps no options sections at all.
+  // Components without options (the built-in model, tokenizer, schedule) dump no options: key.
   auto plain = load_recipe_string("data: {corpus: [x.txt]}\n");
   EXPECT_EQ(mllm::to_yaml(plain).find("options"), std::string::npos);
 }
@@ -138,6 +145,8 @@ TEST(OptionSchema, RefusesBadDeclarations) {
   EXPECT_THROW(OptionSchema().boolean("k", true, "h").boolean("k", false, "h"), mllm::Error);
   EXPECT_THROW(mllm::register_options("widget", "w", OptionSchema()), mllm::Error);
   EXPECT_THROW(mllm::register_options("callback", "train", OptionSchema()), mllm::Error);
+  EXPECT_THROW(mllm::register_options("callback", "", OptionSchema()), mllm::Error);
+  EXPECT_THROW(mllm::register_options("callback", "my.cb", OptionSchema()), mllm::Error);
   mllm::register_options("model", "schema_test_model", OptionSchema().integer("k", 1, "h"));
   EXPECT_THROW(mllm::register_options("model", "schema_test_model", OptionSchema()), mllm::Error);
   EXPECT_EQ(OptionRange::between(1, 4).violation(5), "must be in [1, 4], got 5");

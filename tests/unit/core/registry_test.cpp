@@ -123,6 +123,28 @@ TEST(Plugin, RefusesAnotherMllmVersionBeforeLoading) {
   }
 }
 
+// Any exception from the entry point, and a path that is not a regular file, are bad input
+// (ConfigError, exit 2) naming the plugin.
+TEST(Plugin, EntryPointExceptionsAndNonFilesAreConfigErrors) {
+  const std::string throws = MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin_throws.so";
+  try {
+    mllm::load_plugins({throws});
+    FAIL();
+  } catch (const mllm::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "plugin '" + throws + "': mllm_register_plugin() failed: boom from the plugin");
+  }
+  for (const std::string& path : {std::string(MLLM_BINARY_DIR "/tests/plugins"), std::string("/dev/null")}) {
+    try {
+      mllm::load_plugins({path});
+      FAIL() << path;
+    } catch (const mllm::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + path + "' is not a regular file"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
 // A plugin built in this tree carries exactly this libmllm's stamp.
 TEST(Plugin, StampMatchesThisBuild) {
   const std::string ok = MLLM_BINARY_DIR "/tests/plugins/libmllm_test_plugin.so";
