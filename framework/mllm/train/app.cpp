@@ -1,8 +1,6 @@
 // The shared error boundary of the mllm programs.
 #include "mllm/train/app.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
