@@ -82,7 +82,7 @@ class GeluMini : public mllm::LanguageModel {
     }
     lm_head = register_module("lm_head", torch::nn::Linear(o.d_model, o.vocab_size));
     // The built-in families' init: normal(0, init_std), residual projections scaled down.
-    mllm::detail::init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "fc2.weight"});
+    mllm::init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "fc2.weight"});
   }
 
   torch::Tensor forward(const torch::Tensor& tokens) override { return run(tokens, nullptr); }
@@ -104,12 +104,12 @@ class GeluMini : public mllm::LanguageModel {
 
  private:
   torch::Tensor run(const torch::Tensor& tokens, mllm::KVCache* cache) {
-    namespace d = mllm::detail;  // the masking helpers the built-in families share (model.h)
+    // The masking helpers the built-in families share (mllm/model/model.h).
     const int64_t offset = cache ? cache->length : 0;
-    d::check_tokens(tokens, offset, o_.max_seq_len, "gelu_mini forward");
+    mllm::check_tokens(tokens, offset, o_.max_seq_len, "gelu_mini forward");
     const int64_t t = tokens.size(1);
-    auto key_pad = cache ? d::extend_key_pad(*cache, tokens, o_.n_layers) : tokens.eq(mllm::kPadId);
-    auto blocked = d::attention_mask(key_pad, t, offset, mllm::uses_sdpa(o_.attn_impl, tokens.device()));
+    auto key_pad = cache ? mllm::extend_key_pad(*cache, tokens, o_.n_layers) : tokens.eq(mllm::kPadId);
+    auto blocked = mllm::attention_mask(key_pad, t, offset, mllm::uses_sdpa(o_.attn_impl, tokens.device()));
     auto positions = torch::arange(offset, offset + t, tokens.options());
     auto x = drop(tok_emb(tokens) * std::sqrt(double(o_.d_model)) + pos_emb(positions));
     for (size_t l = 0; l < blocks_.size(); ++l)

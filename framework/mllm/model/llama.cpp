@@ -112,7 +112,7 @@ Llama::Llama(const LlamaOptions& o)
     lm_head = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab_size).bias(false)));
   }
-  detail::init_weights(*this, o.init_std, o.n_layers,
+  init_weights(*this, o.init_std, o.n_layers,
                        {"attn.o_proj.weight", "ffn.down_proj.weight"});
 }
 
@@ -124,12 +124,12 @@ torch::Tensor Llama::forward_cached(const torch::Tensor& tokens, KVCache& cache)
 
 torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  detail::check_tokens(tokens, offset, options_.max_seq_len,
+  check_tokens(tokens, offset, options_.max_seq_len,
                        cache != nullptr ? "llama forward_cached" : "llama forward");
   const int64_t t = tokens.size(1);
-  auto key_pad = cache != nullptr ? detail::extend_key_pad(*cache, tokens, options_.n_layers)
+  auto key_pad = cache != nullptr ? extend_key_pad(*cache, tokens, options_.n_layers)
                                   : tokens.eq(kPadId);
-  auto blocked = detail::attention_mask(key_pad, t, offset,
+  auto blocked = attention_mask(key_pad, t, offset,
                                         uses_sdpa(options_.attn_impl, tokens.device()));
   auto x = drop(tok_emb(tokens));
   for (size_t l = 0; l < blocks_.size(); ++l) {

@@ -88,7 +88,7 @@ MiniLLM::MiniLLM(const MiniLLMOptions& o) : options_(o) {
     layers->push_back(blocks_.back());
   }
   lm_head = register_module("lm_head", torch::nn::Linear(o.d_model, o.vocab_size));
-  detail::init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "ffn.fc2.weight"});
+  init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "ffn.fc2.weight"});
 }
 
 torch::Tensor MiniLLM::forward(const torch::Tensor& tokens) { return run(tokens, nullptr); }
@@ -99,12 +99,12 @@ torch::Tensor MiniLLM::forward_cached(const torch::Tensor& tokens, KVCache& cach
 
 torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  detail::check_tokens(tokens, offset, options_.max_seq_len,
+  check_tokens(tokens, offset, options_.max_seq_len,
                        cache != nullptr ? "minillm forward_cached" : "minillm forward");
   const int64_t t = tokens.size(1);
-  auto key_pad = cache != nullptr ? detail::extend_key_pad(*cache, tokens, options_.n_layers)
+  auto key_pad = cache != nullptr ? extend_key_pad(*cache, tokens, options_.n_layers)
                                   : tokens.eq(kPadId);
-  auto blocked = detail::attention_mask(key_pad, t, offset,
+  auto blocked = attention_mask(key_pad, t, offset,
                                         uses_sdpa(options_.attn_impl, tokens.device()));
   auto positions = torch::arange(offset, offset + t, tokens.options());
   auto x = tok_emb(tokens) * std::sqrt(static_cast<double>(options_.d_model)) + pos_emb(positions);

@@ -43,8 +43,6 @@ void register_builtin_models() {
   });
 }
 
-namespace detail {
-
 namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -74,6 +72,7 @@ namespace {
 // [1, 1, query_len, s] bool, true where key j is in the future of query i (j > offset + i).
 // Training and evaluation ask for the same few shapes every step: those (offset 0) are built
 // once and shared (read-only); decoding offsets are built on each call.
+namespace {
 torch::Tensor future_mask(int64_t query_len, int64_t s, int64_t offset,
                           const torch::TensorOptions& options) {
   auto build = [&] {
@@ -89,6 +88,7 @@ torch::Tensor future_mask(int64_t query_len, int64_t s, int64_t offset,
   if (cache.size() >= 32) cache.clear();  // bounded: a few shapes per run in practice
   return cache.emplace(key, build()).first->second;
 }
+}  // namespace
 }  // namespace
 
 torch::Tensor attention_mask(const torch::Tensor& key_pad, int64_t query_len, int64_t offset,
@@ -143,5 +143,4 @@ torch::Tensor extend_key_pad(KVCache& cache, const torch::Tensor& tokens, int64_
   return cache.key_pad;
 }
 
-}  // namespace detail
 }  // namespace mllm

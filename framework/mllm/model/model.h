@@ -90,7 +90,9 @@ ModelRegistry& model_registry();
 // Registers "minillm" and "llama". Call once (a second call throws: names are taken).
 void register_builtin_models();
 
-namespace detail {
+// Building blocks the model families share, for the built-ins and for plugin models
+// (examples/plugin/gelu_plugin.cpp uses them).
+
 // Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight
 // and embedding table ~ normal(0, std); weights whose name ends in one of `residual_suffixes`
 // ~ normal(0, std / sqrt(2 n_layers)) (GPT-2 / Megatron residual scaling); biases 0; norm
@@ -118,6 +120,5 @@ void check_tokens(const torch::Tensor& tokens, int64_t offset, int64_t max_seq_l
 // Appends the new tokens' pad flags to cache.key_pad (initialising it) and returns the
 // [batch, S] key pad mask for attention. Throws mllm::Error when the batch size changes.
 torch::Tensor extend_key_pad(KVCache& cache, const torch::Tensor& tokens, int64_t n_layers);
-}  // namespace detail
 
 }  // namespace mllm
