@@ -301,11 +301,10 @@ std::string recipe_reference() {
   for (const auto& [id, schema] : all_options()) {
     const auto& [kind, name] = id;
     const std::string section = options_section(kind, name);
+    // "model.options" is read when "model.type" names the component; a callback's always.
+    const std::string selector = section.substr(0, section.rfind('.') + 1) + "type";
     os << fmt::format("\n### {} `{}`: options under `{}:`{}\n\n", kind, name, section,
-                      kind == "callback" ? "" : fmt::format(" (when {} is `{}`)",
-                          kind == "model" ? "model.type" : kind == "tokenizer"
-                              ? "data.tokenizer.type" : kind == "optimizer" ? "optim.type"
-                              : "schedule.type", name));
+                      kind == "callback" ? "" : fmt::format(" (when {} is `{}`)", selector, name));
     os << "| key | type | default | meaning |\n|---|---|---|---|\n";
     for (const auto& spec : schema->specs()) {
       OptionValue v = spec.default_value;
