@@ -17,8 +17,8 @@ Rotary::Rotary(int64_t head_dim, int64_t max_seq_len, double theta) {
   auto inv_freq = 1.0 / torch::pow(theta, exponents);                    // [head_dim/2]
   auto pos = torch::arange(max_seq_len, torch::kFloat);                  // [max_seq_len]
   auto angles = torch::outer(pos, inv_freq);                             // [max_seq_len, hd/2]
-  cos_ = torch::cos(angles);
-  sin_ = torch::sin(angles);
+  cos_ = register_buffer("cos", torch::cos(angles));
+  sin_ = register_buffer("sin", torch::sin(angles));
 }
 
 torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t offset) const {
@@ -27,7 +27,8 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t offset) const {
     throw Error("rotary embedding: positions up to " + std::to_string(offset + seq - 1) +
                 " requested but the model supports max_seq_len=" + std::to_string(cos_.size(0)));
   const auto dev = x.device();
-  // [seq, 1, hd/2]: broadcast over batch and heads of x [batch, seq, heads, head_dim].
+  // [seq, 1, hd/2]: broadcast over batch and heads of x [batch, seq, heads, head_dim]. The .to()
+  // is a no-op once the module lives on x's device (Llama moves it with its parameters).
   auto cos = cos_.narrow(0, offset, seq).to(dev).unsqueeze(1);
   auto sin = sin_.narrow(0, offset, seq).to(dev).unsqueeze(1);
   auto pairs = x.to(torch::kFloat).reshape({x.size(0), seq, x.size(2), x.size(3) / 2, 2});

@@ -18,20 +18,24 @@ namespace mllm {
 //   out[2i]   = x[2i] cos - x[2i+1] sin,    out[2i+1] = x[2i] sin + x[2i+1] cos.
 // (HF transformers instead rotates halves (x[i], x[i + head_dim/2]); weights differ by a
 // permutation of the q/k projection rows.) Tables are float32, computed as Meta does in float32.
-class Rotary {
+// A module whose tables are buffers ("cos", "sin"), so that Module::to() moves them with the
+// model once (no host-to-device copy per forward). Not serialised (is_serializable() false, like
+// PyTorch's register_buffer(persistent=False)): the tables follow from the options, and
+// checkpoints hold weights only, as before.
+class Rotary : public torch::nn::Module {
  public:
-  Rotary() = default;
-  // head_dim even; positions 0 .. max_seq_len-1.
+  // head_dim even; positions 0 .. max_seq_len-1. Throws mllm::Error for an odd head_dim.
   Rotary(int64_t head_dim, int64_t max_seq_len, double theta);
 
   // x [batch, seq, heads, head_dim] at positions offset .. offset+seq-1 -> rotated, same shape
-  // and dtype as x (computed in float32). Throws mllm::Error past max_seq_len.
+  // and dtype as x (computed in float32). Throws mllm::Error past max_seq_len. The tables are
+  // used where they are: on x's device when the module was moved there, else copied for the call.
   torch::Tensor apply(const torch::Tensor& x, int64_t offset) const;
 
-  bool defined() const { return cos_.defined(); }
+  bool is_serializable() const override { return false; }
 
  private:
-  torch::Tensor cos_, sin_;  // [max_seq_len, head_dim/2] float32 (CPU; moved on use)
+  torch::Tensor cos_, sin_;  // [max_seq_len, head_dim/2] float32, buffers "cos" and "sin"
 };
 
 struct AttentionOptions {

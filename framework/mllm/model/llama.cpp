@@ -98,8 +98,10 @@ torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tenso
 }  // namespace detail
 
 Llama::Llama(const LlamaOptions& o)
-    : options_(o), rope_(o.d_model / o.n_heads, o.max_seq_len, o.rope_theta) {
+    : options_(o) {
   MLLM_CHECK(o.vocab_size > 0 && o.max_seq_len > 0 && o.n_layers > 0, "bad LlamaOptions");
+  rope_ = register_module("rope", std::make_shared<Rotary>(o.d_model / o.n_heads, o.max_seq_len,
+                                                          o.rope_theta));
   tok_emb = register_module("tok_emb", torch::nn::Embedding(o.vocab_size, o.d_model));
   drop = register_module("drop", Dropout(o.dropout));
   layers = register_module("layers", torch::nn::ModuleList());
@@ -133,7 +135,7 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
                                         uses_sdpa(options_.attn_impl, tokens.device()));
   auto x = drop(tok_emb(tokens));
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->forward(x, blocked, rope_, offset, cache ? &cache->k[l] : nullptr,
+    x = blocks_[l]->forward(x, blocked, *rope_, offset, cache ? &cache->k[l] : nullptr,
                             cache ? &cache->v[l] : nullptr);
   }
   x = norm(x);

@@ -113,7 +113,7 @@ class Llama : public LanguageModel {
   torch::Tensor run(const torch::Tensor& tokens, KVCache* cache);
 
   LlamaOptions options_;
-  Rotary rope_;
+  std::shared_ptr<Rotary> rope_;  // submodule "rope" (buffers only, not in checkpoints)
   std::vector<detail::LlamaBlock> blocks_;  // the same modules as `layers`, typed
 };
 
