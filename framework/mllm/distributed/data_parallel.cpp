@@ -171,6 +171,11 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     }
     adopt_params();
   }
+  // One rank: the averaged gradient is the local one. Why skip the buckets too: on a GPU each
+  // bucket would cost a copy of every fresh .grad (the trainer resets them to undefined) and an
+  // all-reduce of ~4 bytes per parameter per step for nothing.
+  local_only_ = comm_->world_size() == 1 && zero_stage_ == 0;
+  if (local_only_) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i].tensor);
     MLLM_CHECK(acc, "no gradient accumulator for parameter " + params_[i].name);
@@ -316,6 +321,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
   // The flags say which parameters had a gradient on this rank: after the average a flag > 0
   // means some rank had one, so the parameter gets a .grad; otherwise it stays undefined.
   std::vector<float> flags(static_cast<size_t>(n_params), 0.0f);
+  torch::Tensor flags_view = b.buffer.narrow(0, b.numel, n_params);
   for (int64_t k = 0; k < n_params; ++k) {
     const Param& p = params_[b.params[k]];
     torch::Tensor slice = b.buffer.narrow(0, p.offset, p.tensor.numel());
@@ -336,12 +342,26 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
       slice.zero_();
     }
   }
-  b.buffer.narrow(0, b.numel, n_params).copy_(torch::from_blob(flags.data(), {n_params}, torch::kFloat));
   b.all_local = std::all_of(flags.begin(), flags.end(), [](float f) { return f > 0; });
+  // Written on the device without a host round trip. Why: a copy from pageable host memory is
+  // a blocking cudaMemcpy that drains the compute stream, from inside the autograd hook, once per
+  // bucket per step. All flags set (the usual case) or none: one fill. A mix: a copy from pinned
+  // memory, queued on the current stream (the caching host allocator keeps the block alive until
+  // the copy has run).
+  const bool none_local = std::none_of(flags.begin(), flags.end(), [](float f) { return f > 0; });
+  if (b.all_local || none_local) {
+    flags_view.fill_(b.all_local ? 1.0 : 0.0);
+  } else {
+    torch::Tensor host = torch::from_blob(flags.data(), {n_params}, torch::kFloat);
+    if (flags_view.is_cpu()) {
+      flags_view.copy_(host);
+    } else {
+      flags_view.copy_(host.to(flags_view.scalar_type()).pin_memory(), /*non_blocking=*/true);
+    }
+  }
   if (zero_stage_ == 1) {
     // The flags are needed everywhere (which parameters got a gradient), the gradients only in
     // each rank's slice.
-    torch::Tensor flags_view = b.buffer.narrow(0, b.numel, n_params);
     torch::Tensor grads = b.buffer.narrow(0, 0, b.numel);
     // In place: this rank's averaged slice lands on its own slice of the bucket (no second
     // gradient buffer; the rest of the bucket keeps this rank's local sums).
@@ -369,7 +389,7 @@ void DataParallel::reset_step_locked() {
 }
 
 void DataParallel::finish_gradient_sync() {
-  if (!sync_enabled_.load()) return;
+  if (local_only_ || !sync_enabled_.load()) return;
   std::unique_lock<std::mutex> lock(mu_);
   try {
     // Parameters backward did not reach this time: their accumulated .grad (or zeros) is sent.
@@ -388,10 +408,15 @@ void DataParallel::finish_gradient_sync() {
         b.flags_work->wait();
         b.work->wait();
         const int64_t n_params = static_cast<int64_t>(b.params.size());
-        torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
-        const double* f = flags.data_ptr<double>();
         std::vector<bool> used(params_.size(), false);
-        for (int64_t k = 0; k < n_params; ++k) used[b.params[k]] = f[k] > 0;
+        if (b.all_local) {
+          // Every flag was 1 here, so every average is > 0: no read-back (a host sync on a GPU).
+          for (size_t i : b.params) used[i] = true;
+        } else {
+          torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
+          const double* f = flags.data_ptr<double>();
+          for (int64_t k = 0; k < n_params; ++k) used[b.params[k]] = f[k] > 0;
+        }
         for (size_t si : b.segments) {
           ShardSegment& seg = segments_[si];
           const Param& p = params_[segment_param_[si]];
@@ -532,6 +557,7 @@ DataParallel::Footprint DataParallel::footprint() const {
     if (zero_stage_ == 0) f.optimizer_elements += p.tensor.numel();
   }
   for (const auto& b : buckets_) {
+    if (local_only_) break;  // .grad alone, no buckets
     const int64_t elem = static_cast<int64_t>(params_[b.params.front()].tensor.element_size());
     f.grad_bytes += static_cast<int64_t>(b.params.size()) * elem;  // the "used" flags
     if (zero_stage_ == 1) f.optimizer_elements += b.shard.numel();

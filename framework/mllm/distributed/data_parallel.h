@@ -34,6 +34,9 @@ class DataParallel {
   // optimizer updates in place (they alias the parameters' memory); all_gather_params() then
   // brings every rank's updated slices back into every replica. Throws Error for a zero_stage
   // other than 0 or 1.
+  //
+  // World size 1 at stage 0: nothing to average, so no hooks, buckets or collectives at all;
+  // .grad stays what autograd accumulated (the same values the bucketed path would give).
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<Communicator> comm,
                int64_t bucket_bytes, int zero_stage = 0);
   // Removes the hooks.
@@ -66,6 +69,7 @@ class DataParallel {
   // of gradient accumulation; gradients keep accumulating in .grad locally). enabled = true
   // before the last micro-step's backward. Throws Error while a sync is in flight (between a
   // synced backward and finish_gradient_sync).
+  // (At world size 1, stage 0, there is no sync to be in flight: only the flag is kept.)
   void set_sync(bool enabled);
   bool sync_enabled() const { return sync_enabled_.load(); }
 
@@ -78,6 +82,7 @@ class DataParallel {
   // zero_grad(/*set_to_none=*/false) keeps that; LibTorch's default zero_grad() (set_to_none,
   // which the trainer calls) resets the grads to undefined, which costs one copy per parameter
   // at the next sync.
+  // No-op at world size 1, stage 0 (see the constructor).
   // Throws CommError when a collective fails.
   void finish_gradient_sync();
 
@@ -108,8 +113,9 @@ class DataParallel {
   // Returns at once when none is in flight. Throws CommError when a gather failed.
   void wait_params();
 
-  // Bytes this rank stores for the parameters and the gradients (the bucket buffers; at stage 1
-  // the averaged slice is reduce-scattered in place into them), and the number of elements whose
+  // Bytes this rank stores for the parameters and the gradients (the bucket buffers, or .grad
+  // alone at world size 1; at stage 1 the averaged slice is reduce-scattered in place into the
+  // buckets), and the number of elements whose
   // AdamW moments it keeps (all parameters at stage 0, its slices at stage 1). For the start-up
   // memory log.
   struct Footprint {
@@ -130,8 +136,10 @@ class DataParallel {
   // Collectives DataParallel itself has started (buckets, loss_scale, start-up checks).
   int64_t collectives_issued() const { return collectives_issued_.load(); }
 
-  // Introspection for tests and logs.
+  // Introspection for tests and logs. num_buckets() is the plan (also at world size 1, where
+  // no bucket is used); local_only() is true at world size 1, stage 0.
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  bool local_only() const { return local_only_; }
   int64_t bucket_bytes() const { return bucket_bytes_; }
   const std::shared_ptr<Communicator>& communicator() const { return comm_; }
 
@@ -169,6 +177,7 @@ class DataParallel {
   std::shared_ptr<Communicator> comm_;
   int64_t bucket_bytes_;
   int zero_stage_ = 0;
+  bool local_only_ = false;  // world size 1, stage 0: no hooks, no buckets, no collectives
   std::vector<ShardSegment> segments_;
   std::vector<size_t> segment_param_;  // segments_[i] belongs to params_[segment_param_[i]]
   // Stage 1: makes every parameter a view of its bucket's param_flat again (Module::load, on a

@@ -22,16 +22,19 @@ std::shared_ptr<Communicator> single() {
 }
 
 // Records every all_reduce_async: element count and, through `probe`, what the model looked
-// like at that moment. Acts as a world of one.
+// like at that moment. Acts as rank 0 of a world of `world` whose other ranks contribute nothing
+// (the collectives leave the values as they are): with world > 1 DataParallel takes its bucketed
+// multi-rank path, at world 1 its local one.
 class RecordingComm : public Communicator {
  public:
+  explicit RecordingComm(int world = 2) : world_(world) {}
   std::function<void()> probe;
   std::vector<int64_t> launched_numel;
   int waits = 0;
 
   std::string backend() const override { return "recording"; }
   int rank() const override { return 0; }
-  int world_size() const override { return 1; }
+  int world_size() const override { return world_; }
   int local_rank() const override { return 0; }
   int local_size() const override { return 1; }
   void all_reduce(torch::Tensor& t, ReduceOp op) override { count_collective(); }
@@ -54,6 +57,9 @@ class RecordingComm : public Communicator {
     count_collective();
     return {v};
   }
+
+ private:
+  int world_;
 };
 
 struct Chain : torch::nn::Module {
@@ -89,6 +95,35 @@ TEST(DataParallel, BucketsLaunchDuringBackwardInReverseOrder) {
   dp.finish_gradient_sync();
   EXPECT_EQ(comm->waits, 3);
   EXPECT_EQ(dp.collectives_issued(), 3);
+}
+
+TEST(DataParallel, OneRankNeedsNoBucketsHooksOrCollectives) {
+  // World size 1: the gradient autograd accumulated is already the average over all ranks. No
+  // collective is issued, .grad is autograd's own tensor (no copy into a bucket), and the values
+  // are d(sum of l3's outputs)/d(l3.bias) = 2 per entry for 2 rows, accumulated over 2 micro-steps.
+  torch::manual_seed(0);
+  auto model = std::make_shared<Chain>();
+  auto comm = std::make_shared<RecordingComm>(/*world=*/1);
+  DataParallel dp(model, comm, 80);
+  EXPECT_TRUE(dp.local_only());
+  EXPECT_EQ(dp.num_buckets(), 3);  // the plan, unused
+  for (int a = 0; a < 2; ++a) {
+    dp.set_sync(a == 1);
+    model->forward(torch::ones({2, 4})).sum().backward();
+  }
+  const void* grad_before = model->l3->bias.grad().data_ptr();
+  dp.finish_gradient_sync();
+  EXPECT_EQ(comm->collectives_issued(), 0);
+  EXPECT_EQ(dp.collectives_issued(), 0);
+  EXPECT_EQ(model->l3->bias.grad().data_ptr(), grad_before);
+  EXPECT_TRUE(torch::equal(model->l3->bias.grad(), torch::full({4}, 4.0f)));
+  // Footprint: parameters and their gradients, no "used" flags.
+  const int64_t bytes = 3 * (16 + 4) * 4;
+  EXPECT_EQ(dp.footprint().param_bytes, bytes);
+  EXPECT_EQ(dp.footprint().grad_bytes, bytes);
+  DataParallel bucketed(model, std::make_shared<RecordingComm>(2), 80);
+  EXPECT_FALSE(bucketed.local_only());
+  EXPECT_EQ(bucketed.footprint().grad_bytes, bytes + 3 * 2 * 4);  // + 2 flags per bucket
 }
 
 TEST(DataParallel, NoCommunicationWhileSyncIsOff) {
@@ -173,14 +208,17 @@ TEST(DataParallel, UnusedParameterKeepsUndefinedGradAndOthersSync) {
     }
     torch::nn::Linear used{nullptr}, unused{nullptr};
   };
-  torch::manual_seed(1);
-  auto m = std::make_shared<TwoHeads>();
-  DataParallel dp(m, single(), 1 << 20);  // one bucket: it can only launch in finish
-  m->used(torch::ones({1, 3})).sum().backward();
-  dp.finish_gradient_sync();
-  EXPECT_FALSE(m->unused->weight.grad().defined());
-  ASSERT_TRUE(m->used->weight.grad().defined());
-  EXPECT_TRUE(torch::equal(m->used->weight.grad(), torch::ones({1, 3})));
+  // At world 1 (local path) and as rank 0 of 2 (bucketed: its flags are a mix of 0 and 1).
+  for (int world : {1, 2}) {
+    torch::manual_seed(1);
+    auto m = std::make_shared<TwoHeads>();
+    DataParallel dp(m, std::make_shared<RecordingComm>(world), 1 << 20);  // one bucket: launched in finish
+    m->used(torch::ones({1, 3})).sum().backward();
+    dp.finish_gradient_sync();
+    EXPECT_FALSE(m->unused->weight.grad().defined()) << "world " << world;
+    ASSERT_TRUE(m->used->weight.grad().defined()) << "world " << world;
+    EXPECT_TRUE(torch::equal(m->used->weight.grad(), torch::ones({1, 3}))) << "world " << world;
+  }
 }
 
 TEST(DataParallel, ZeroRealTokensGiveZeroScale) {
