@@ -1,6 +1,7 @@
 // mllm-train RECIPE [key.path=value ...]: trains the model a recipe describes, on one process
 // or under mpirun with one rank per process.
 #include <iostream>
+#include <memory>
 
 #include <CLI/CLI.hpp>
 
@@ -64,8 +65,16 @@ int main(int argc, char** argv) {
     // Before the communicator: dist.backend auto picks nccl for a CUDA model.
     const auto device_type = mllm::resolve_device_type(recipe.train.device, recipe.source);
     auto comm = mllm::make_communicator(recipe.dist, device_type == torch::kCUDA);
-    mllm::Trainer trainer(recipe, comm);
-    trainer.run();
+    // Declared outside the try: an error is logged and the job aborted while the trainer and the
+    // communicator still exist, since their destructors (waits for buckets in flight, NCCL's
+    // teardown) could block on peers that never come.
+    std::unique_ptr<mllm::Trainer> trainer;
+    try {
+      trainer = std::make_unique<mllm::Trainer>(recipe, comm);
+      trainer->run();
+    } catch (...) {
+      return mllm::report_error("mllm-train");
+    }
     return 0;
   });
 }

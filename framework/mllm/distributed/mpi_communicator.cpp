@@ -290,7 +290,13 @@ std::shared_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& t, Reduce
     host.copy_(t, /*non_blocking=*/true);
     auto copied = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
     copied->record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(t.device()));
+    const c10::Device device = t.device();
     return detail::submit_mpi_task(what, rank_, timeout_s_, [=]() mutable {
+      // The communication thread's first CUDA call must find this rank's device current, and
+      // it stays current (no guard that restores device 0 afterwards): otherwise the event's
+      // synchronisation and destruction, here, would create a CUDA context on GPU 0 for every
+      // rank, hundreds of MB each on a node of 8 GPUs.
+      c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);
       copied->synchronize();
       detail::rank_ordered_all_reduce(host.data_ptr(), host.numel(), host.scalar_type(), op,
                                       comm_, rank_, world_, scratch_);

@@ -68,18 +68,11 @@ std::string resolve_recipe_path(const std::string& arg) {
   throw ConfigError(fmt::format("recipe '{}' not found: no such file{}", arg, hint));
 }
 
-int run_guarded(const char* program, const std::function<int()>& body) {
+int report_error(const char* program) {
   auto [rank, world] = launcher_rank_and_size();
-  std::string level = "info";
+  int code = 1;
   try {
-    level = resolve_log_level("info");
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s: %s; using info\n", program, e.what());
-  }
-  init_logging(rank, world, level);
-  int code = 0;
-  try {
-    return body();
+    throw;
   } catch (const ConfigError& e) {
     // Before MPI starts every rank parsed the same recipe and failed the same way: one message
     // is enough. After, an error may be one rank's alone (a plugin missing on one node): show it.
@@ -94,10 +87,30 @@ int run_guarded(const char* program, const std::function<int()>& body) {
   } catch (const std::exception& e) {
     spdlog::error("{}: unexpected error: {}", program, e.what());
     code = 1;
+  } catch (...) {
+    spdlog::error("{}: unexpected error (not a std::exception)", program);
+    code = 1;
   }
+  (void)world;
   flush_logs();
   abort_job(code);  // returns unless MPI is up with several ranks
   return code;
+}
+
+int run_guarded(const char* program, const std::function<int()>& body) {
+  auto [rank, world] = launcher_rank_and_size();
+  std::string level = "info";
+  try {
+    level = resolve_log_level("info");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s; using info\n", program, e.what());
+  }
+  init_logging(rank, world, level);
+  try {
+    return body();
+  } catch (...) {
+    return report_error(program);
+  }
 }
 
 }  // namespace mllm

@@ -14,6 +14,14 @@ namespace mllm {
 // rank 0. Installs console logging at MLLM_LOG_LEVEL (default info) first.
 int run_guarded(const char* program, const std::function<int()>& body);
 
+// The error boundary of run_guarded for the exception in flight; call it from a catch block.
+// Logs the error (with the rank), flushes the logs and, when MPI is up with world > 1, calls
+// MPI_Abort with the exit code (2 for bad input, the Error's code, else 1), so that no peer waits.
+// Returns the exit code where nothing was aborted (world 1). Why a separate entry: a program
+// calls it while its communicator is still alive, before unwinding would run a teardown that
+// can block on peers (an NCCL communicator waiting for a collective they never join).
+int report_error(const char* program);
+
 // Rank and world size as the launcher (mpirun / srun) set them in the environment, before MPI
 // is initialised; {0, 1} when not launched by one.
 std::pair<int, int> launcher_rank_and_size();

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -175,7 +176,15 @@ NcclCommunicator::NcclCommunicator(double timeout_s)
                nccl::nccl_version_string());
 }
 
-NcclCommunicator::~NcclCommunicator() = default;
+NcclCommunicator::~NcclCommunicator() {
+  // Destroyed while an exception unwinds (a rank failed mid-step): its NCCL stream may hold a
+  // collective that the peers never issue, and a clean teardown (stream sync, ncclCommDestroy)
+  // would wait for it. Abort instead: the watchdog first, which also calls into the communicator.
+  if (std::uncaught_exceptions() > 0 && core_) {
+    watchdog_.reset();
+    core_->abort();
+  }
+}
 
 std::shared_ptr<Work> NcclCommunicator::all_reduce_async(torch::Tensor& t, ReduceOp op) {
   if (!t.is_cuda()) return mpi_->all_reduce_async(t, op);

@@ -17,6 +17,8 @@ class NcclCommunicator : public Communicator {
   // Throws CommError on failure (no GPU visible; NCCL refuses two ranks on one GPU, which
   // make_communicator() rules out beforehand).
   explicit NcclCommunicator(double timeout_s);
+  // Waits for the collectives in flight and destroys the NCCL communicator; while an exception
+  // unwinds, aborts it instead (ncclCommAbort), which does not wait for peers.
   ~NcclCommunicator() override;
 
   std::string backend() const override { return "nccl"; }

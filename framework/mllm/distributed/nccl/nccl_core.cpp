@@ -176,8 +176,8 @@ NcclCore::~NcclCore() {
 }
 
 void NcclCore::abort() {
-  if (aborted_ || !comm_) return;
-  aborted_ = true;
+  // exchange: of two threads aborting at once (the watchdog, an error path), one calls NCCL.
+  if (!comm_ || aborted_.exchange(true)) return;
   ncclCommAbort(comm_);
 }
 
@@ -209,8 +209,13 @@ std::shared_ptr<NcclEvent> NcclCore::enqueue(const char* what, Stream producer, 
 
 std::shared_ptr<NcclEvent> NcclCore::all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
                                                 Stream producer) {
+  return all_reduce(buf, buf, count, dtype, op, producer);
+}
+
+std::shared_ptr<NcclEvent> NcclCore::all_reduce(const void* send, void* recv, size_t count,
+                                                DataType dtype, RedOp op, Stream producer) {
   return enqueue("all_reduce", producer, [&] {
-    check_nccl(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, stream_),
+    check_nccl(ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), comm_, stream_),
                "ncclAllReduce", rank_, comm_);
   });
 }

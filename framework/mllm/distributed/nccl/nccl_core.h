@@ -11,6 +11,7 @@
 #endif
 #include <mpi.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -77,6 +78,10 @@ class NcclCore {
   // null for the legacy default stream). Returns its completion event. Throws CommError.
   std::shared_ptr<NcclEvent> all_reduce(void* buf, size_t count, DataType dtype, RedOp op,
                                         Stream producer);
+  // Out of place: the reduction of every rank's `send` lands in `recv` (`send` is left as it
+  // was; at world size 1 NCCL copies send into recv). Ordered and returned like all_reduce.
+  std::shared_ptr<NcclEvent> all_reduce(const void* send, void* recv, size_t count, DataType dtype,
+                                        RedOp op, Stream producer);
   // Reduce-scatter: `send` holds world_size * `recv_count` elements, this rank's `recv` receives
   // the reduction of send[rank * recv_count, (rank + 1) * recv_count) (ncclReduceScatter; `recv`
   // may be send + rank * recv_count). Ordered and returned like all_reduce.
@@ -91,7 +96,7 @@ class NcclCore {
 
   // ncclCommAbort: frees a communicator stuck in a collective. Later calls throw CommError.
   void abort();
-  bool aborted() const { return aborted_; }
+  bool aborted() const { return aborted_.load(); }
   // Throws CommError when NCCL reports an asynchronous error for this communicator.
   void check_async_error(const std::string& what) const;
 
@@ -108,7 +113,8 @@ class NcclCore {
   ncclComm* comm_ = nullptr;
   Stream stream_ = nullptr;
   CUevent_st* ready_ = nullptr;  // recorded on the producer stream, waited on by ours
-  bool aborted_ = false;
+  // Set by abort() on the watchdog thread while the training and autograd threads read it.
+  std::atomic<bool> aborted_{false};
 };
 
 // "NCCL 2.28.9 (CUDA runtime 13000)" from the linked libraries, for logs.
