@@ -30,7 +30,7 @@ double number(const std::string& entry, const std::string& key, const std::strin
 }  // namespace
 
 std::vector<Fault> parse_faults(const std::string& spec) {
-  static const std::vector<std::string> kKinds = {"throw", "sleep", "nan", "desync", "enospc", "kill"};
+  static const std::vector<std::string> kKinds = {"throw", "sleep", "nan", "desync", "enospc", "kill", "skew"};
   std::vector<Fault> out;
   for (const std::string& entry : split(spec, ',')) {
     auto parts = split(entry, ':');
@@ -38,7 +38,7 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     f.kind = parts.empty() ? "" : parts[0];
     if (std::find(kKinds.begin(), kKinds.end(), f.kind) == kKinds.end())
       throw ConfigError("MLLM_FAULT: '" + entry +
-                        "': unknown kind; expected throw, sleep, nan, desync, enospc or kill");
+                        "': unknown kind; expected throw, sleep, nan, desync, enospc, kill or skew");
     for (std::size_t i = 1; i < parts.size(); ++i) {
       const auto eq = parts[i].find('=');
       const std::string k = parts[i].substr(0, eq);
@@ -46,12 +46,13 @@ std::vector<Fault> parse_faults(const std::string& spec) {
       if (k == "rank") f.rank = static_cast<int>(number(entry, k, v));
       else if (k == "step") f.step = static_cast<int64_t>(number(entry, k, v));
       else if (k == "seconds") f.seconds = number(entry, k, v);
+      else if (k == "by") f.by = number(entry, k, v);
       else if (k == "file" && v.empty())
         throw ConfigError("MLLM_FAULT: '" + entry + "': file= needs a file name");
       else if (k == "file") f.file = v;
       else
         throw ConfigError("MLLM_FAULT: '" + entry + "': unknown key '" + k +
-                          "'; expected rank=, step=, seconds= or file=");
+                          "'; expected rank=, step=, seconds=, by= or file=");
     }
     if (f.step < 0) throw ConfigError("MLLM_FAULT: '" + entry + "': step=N is required");
     out.push_back(f);

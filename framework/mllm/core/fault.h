@@ -12,6 +12,9 @@
 //                                    model.pt) with ENOSPC, as on a full disk
 //   kill:step=N                      SIGKILL while writing the checkpoint of step N (after
 //                                    model.pt), as a node failure would
+//   skew:step=N:by=X                 the loss reported for step N (log, metrics.jsonl) is off by
+//                                    X; the update is untouched (a wrong number for the tools
+//                                    that compare runs, launch/gpu-check.sh, to catch)
 //
 // rank defaults to 0 where it applies. A malformed value throws ConfigError naming it.
 #pragma once
@@ -24,10 +27,11 @@
 namespace mllm {
 
 struct Fault {
-  std::string kind;       // throw | sleep | nan | desync | enospc | kill
+  std::string kind;       // throw | sleep | nan | desync | enospc | kill | skew
   int rank = 0;
   int64_t step = -1;      // the step being taken (1-based) or the step being checkpointed
   double seconds = 0;     // sleep
+  double by = 0;          // skew
   std::string file = "model.pt";  // enospc
 };
 
@@ -36,7 +40,7 @@ struct Fault {
 std::vector<Fault> parse_faults(const std::string& spec);
 
 // The fault of `kind` injected for (rank, step) by this process's MLLM_FAULT, if any. For
-// kinds without a rank (enospc, kill) pass rank = -1. Throws ConfigError when MLLM_FAULT is
+// kinds without a rank (enospc, kill, skew) pass rank = -1. Throws ConfigError when MLLM_FAULT is
 // malformed (first query).
 std::optional<Fault> injected_fault(const std::string& kind, int rank, int64_t step);
 

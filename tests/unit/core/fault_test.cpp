@@ -20,6 +20,12 @@ TEST(Fault, ParsesEveryKind) {
   EXPECT_EQ(f[3].rank, 0);            // default
   EXPECT_EQ(parse_faults("enospc:step=2")[0].file, "model.pt");  // default
   EXPECT_TRUE(parse_faults("").empty());
+  auto skew = parse_faults("skew:step=3:by=-1e-3");
+  ASSERT_EQ(skew.size(), 1u);
+  EXPECT_EQ(skew[0].kind, "skew");
+  EXPECT_EQ(skew[0].step, 3);
+  EXPECT_DOUBLE_EQ(skew[0].by, -0.001);
+  EXPECT_THROW(parse_faults("skew:step=3:by=much"), ConfigError);
 }
 
 TEST(Fault, RejectsMalformedEntries) {
