@@ -67,6 +67,7 @@ struct TrainConfig {
   std::string device = "auto";   // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 (autocast, fp32 master weights)
   bool tf32 = true;              // CUDA: TF32 for fp32 matmuls (no effect on the CPU)
+  bool sync_debug = false;       // CUDA: count host synchronisations per call stack (sync_debug.h)
   int64_t threads = 0;           // intra-op threads per rank; 0 = auto (cores / local ranks)
   std::optional<int64_t> stop_at_step;   // end this invocation after this step (checkpointed)
   std::optional<double> time_limit_s;    // end this invocation after this many seconds

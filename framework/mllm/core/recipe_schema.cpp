@@ -389,6 +389,9 @@ KeySpec recipe_schema(Recipe& r) {
               "LibTorch has CUDA and a GPU is visible)", {"auto", "cpu", "cuda"}),
           key("precision", t.precision, "fp32, or bf16 autocast with fp32 master weights", {"fp32", "bf16"}),
           key("tf32", t.tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions"),
+          key("sync_debug", t.sync_debug, "CUDA: from the second step on, count every host "
+              "synchronisation (LibTorch's sync debug mode, warn) by call stack; listed in the log "
+              "and <run>/sync_debug.json at the end"),
           threads_key(t.threads, "intra-op threads per rank (auto = OMP_NUM_THREADS if set, else usable CPUs / ranks on this node)"),
           key("stop_at_step", t.stop_at_step, "end this invocation after this step, checkpointed", at_least(1)),
           key("time_limit_s", t.time_limit_s, "end this invocation after this many seconds, checkpointed",

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -129,7 +130,7 @@ bool may_change_on_resume(const std::string& key) {
   // A callback's own options section (options.h): callbacks may change, so may their options.
   if (find_options("callback", key.substr(0, key.find('.')))) return true;
   return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
-                           "train.time_limit_s", "train.threads", "train.device", "train.tf32",
+                           "train.time_limit_s", "train.threads", "train.device", "train.tf32", "train.sync_debug",
                            "train.on_nonfinite", "train.max_nonfinite_skips", "model.attn_impl",
                            "callbacks", "plugins", "checkpoint.", "eval.", "sample.", "log.",
                            "dist."}) ||
@@ -233,14 +234,25 @@ double measure_peak_flops(bool bf16, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   const int64_t n = device.is_cuda() ? 8192 : 1024;
   auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(device);
-  // Constant operands: the timing does not depend on values, and drawing random ones would
-  // advance the default generator and break bit-exact resume of dropout.
-  torch::Tensor a = torch::full({n, n}, 0.5, opts);
-  torch::Tensor b = torch::full({n, n}, 0.25, opts);
-  torch::mm(a, b);  // warm up (thread pool, oneDNN kernels, cuBLAS handles)
+  // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
+  // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
+  // would inflate the peak and deflate MFU. Drawn from a copy of the device's default generator,
+  // so the default one (dropout, bit-exact resume) does not move.
+  at::Generator gen;
+  {
+    at::Generator source = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(source.mutex());
+    gen = source.clone();
+  }
+  torch::Tensor a = torch::randn({n, n}, gen, opts);
+  torch::Tensor b = torch::randn({n, n}, gen, opts);
+  // Warm-up: thread pool, oneDNN / cuBLAS handles and kernels, and a GPU's clocks ramping up
+  // (a few ms on an H200, so a few more products there).
+  const int warmups = device.is_cuda() ? 3 : 1, timed = device.is_cuda() ? 5 : 3;
+  for (int i = 0; i < warmups; ++i) torch::mm(a, b);
   synchronize(device);
   double best_s = 1e30;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < timed; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     torch::mm(a, b);
     synchronize(device);
@@ -329,14 +341,19 @@ void Trainer::build() {
   install_stop_signal_handlers();
   const int threads = resolve_threads(r.train.threads, comm.local_size());
   torch::set_num_threads(threads);
-  spdlog::info("run {}: world size {} ({} backend), {} threads per rank, recipe {}", r.run.name,
-               world, comm.backend(), threads, r.source);
+  device_ = rank_device(resolve_device_type(r.train.device, r.source), comm.local_rank());
+  // The backend as tools read it (launch/gpu-check.sh fails a run that fell back to another):
+  // "nccl", "mpi", "mpi staged" (CUDA tensors through pinned host memory), "single".
+  const std::string backend = comm.backend() == "mpi" && device_.is_cuda()
+                                  ? "mpi staged backend: CUDA tensors through pinned host memory"
+                                  : comm.backend() + " backend";
+  spdlog::info("run {}: world size {} ({}), {} threads per rank, device {}, recipe {}", r.run.name,
+               world, backend, threads, device_.str(), r.source);
   for (const auto& name : interrupted)
     spdlog::warn("removed {}/{}, left by an interrupted checkpoint save", checkpoints_dir(), name);
   for (const auto& [key, values] : resume_changes_)
     spdlog::warn("resuming with {} changed: checkpoint {} -> recipe {} (applies from the resumed "
                  "step on)", key, values.first, values.second);
-  device_ = rank_device(resolve_device_type(r.train.device, r.source), comm.local_rank());
   if (device_.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(r.train.tf32);
     at::globalContext().setAllowTF32CuDNN(r.train.tf32);
@@ -575,6 +592,16 @@ StopReason Trainer::run() {
       reason = StopReason::kStopAtStep;
       break;
     }
+    if (r.train.sync_debug && !sync_debug_ && state_.step == first_step + 1) {
+      // After one step: the first one's set-up (allocations, cuBLAS handles, the data cache)
+      // synchronises as it must; what is left is what every step pays.
+      sync_debug_ = std::make_unique<SyncDebug>();
+      if (!sync_debug_->start(device_.is_cuda()))
+        throw ConfigError(fmt::format("{}: train.sync_debug needs a LibTorch built with CUDA",
+                                      r.source));
+      spdlog::info("train.sync_debug: counting host synchronisations from step {} on{}",
+                   state_.step + 1, device_.is_cuda() ? "" : " (none on the CPU: the report will be empty)");
+    }
     StepMetrics m;
     try {
       m = train_step();
@@ -588,7 +615,10 @@ StopReason Trainer::run() {
         comm_->world_size() > 1)
       check_replicas();
     if (!m.skipped) last_train_loss_ = m.loss;
+    if (sync_debug_) ++sync_debug_steps_;
+    sync_phase("callbacks");
     for (auto& cb : callbacks_) cb->on_step_end(*this, m);
+    sync_phase("");
     if (stop_reason_) {
       reason = *stop_reason_;
       break;
@@ -597,6 +627,7 @@ StopReason Trainer::run() {
   if (reason == StopReason::kMaxSteps && r.train.stop_at_step &&
       state_.step >= *r.train.stop_at_step && state_.step < r.train.max_steps)
     reason = StopReason::kStopAtStep;
+  finish_sync_debug();
   spdlog::info("stopping at step {}: {}", state_.step, to_string(reason));
   // An early stop always leaves a checkpoint to resume from, whatever callbacks are listed.
   if (reason != StopReason::kMaxSteps) save_checkpoint();
@@ -614,6 +645,7 @@ StepMetrics Trainer::train_step() {
   m.lr = schedule_->lr(state_.step);
   set_lr(*optimizer_, m.lr);
 
+  sync_phase("data");
   std::vector<Batch> batches;
   int64_t local_targets = 0;
   for (const auto& ids : sampler_->next_step()) {
@@ -640,6 +672,7 @@ StepMetrics Trainer::train_step() {
     // Why: only the last micro-step all-reduces; earlier ones just accumulate locally.
     dp_->set_sync(a + 1 == batches.size());
     auto t0 = std::chrono::steady_clock::now();
+    sync_phase("forward");
     torch::Tensor loss;
     {
       Autocast autocast(r.train.precision == "bf16", device_);
@@ -648,8 +681,10 @@ StepMetrics Trainer::train_step() {
     if (inject_nan && a == 0) loss = loss * std::numeric_limits<float>::quiet_NaN();
     m.forward_ms += ms_since(t0);
     auto t1 = std::chrono::steady_clock::now();
+    sync_phase("backward");
     (loss * scale).backward();
     m.backward_ms += ms_since(t1);
+    sync_phase("loss");
     local_loss_sum += loss.detach().to(torch::kFloat64);
   }
   if (injected_fault("throw", rank, this_step))
@@ -659,9 +694,12 @@ StepMetrics Trainer::train_step() {
     std::this_thread::sleep_for(std::chrono::duration<double>(f->seconds));
   }
   auto t2 = std::chrono::steady_clock::now();
+  sync_phase("gradient sync");
   dp_->finish_gradient_sync();
   m.comm_ms = ms_since(t2);
+  sync_phase("gradient norm");
   m.grad_norm = dp_->clip_grad_norm(r.optim.grad_clip);
+  sync_phase("loss and stop vote");
 
   // One small collective per step, before the update: the global loss sum and the stop votes
   // (a signal on any rank, the time limit on any rank), so every rank stops after the same
@@ -674,6 +712,7 @@ StepMetrics Trainer::train_step() {
   if (red[1].item<double>() > 0) stop_reason_ = StopReason::kSignal;
   else if (red[2].item<double>() > 0) stop_reason_ = StopReason::kTimeLimit;
   m.loss = red[0].item<double>() / static_cast<double>(global_targets);
+  if (auto f = injected_fault("skew", -1, this_step)) m.loss += f->by;  // reported value only
 
   // Identical on every rank (synced gradients, all-reduced loss), so all ranks decide alike,
   // before a non-finite update can reach the weights and a checkpoint.
@@ -697,6 +736,7 @@ StepMetrics Trainer::train_step() {
   } else {
     consecutive_skips_ = 0;
     auto t3 = std::chrono::steady_clock::now();
+    sync_phase("optimizer");
     optimizer_->step();
     dp_->all_gather_params();  // stage 1: every rank's updated slices into every replica
     m.optimizer_ms = ms_since(t3);
@@ -708,6 +748,7 @@ StepMetrics Trainer::train_step() {
     spdlog::warn("rank {}: step {}: perturbed a parameter (MLLM_FAULT desync)", rank, this_step);
   }
 
+  sync_phase("step end");
   state_.step += 1;
   state_.tokens += r.train.global_batch * r.data.seq_len;
   state_.sampler = sampler_->state();
@@ -722,6 +763,30 @@ StepMetrics Trainer::train_step() {
   flush_logs();  // so that a log file on a full disk fails now, not at exit
   if (const std::string e = log_write_error(); !e.empty()) throw Error(e);
   return m;
+}
+
+void Trainer::sync_phase(const char* phase) {
+  if (sync_debug_) sync_debug_->set_phase(phase);
+}
+
+void Trainer::finish_sync_debug() {
+  if (!sync_debug_ || !sync_debug_->active()) return;
+  sync_debug_->stop();
+  const nlohmann::json report = sync_debug_->report(sync_debug_steps_);
+  spdlog::info("train.sync_debug: {} host synchronisation(s) in {} step(s) ({:.2f} per step) at {} "
+               "place(s){}", report["total"].get<int64_t>(), sync_debug_steps_,
+               report["per_step"].get<double>(), report["sites"].size(),
+               report["sites"].empty() ? "" : ":");
+  for (const auto& site : report["sites"])
+    spdlog::info("  {:.2f} per step, {}: {} from {}", site["per_step"].get<double>(),
+                 site["phase"].get<std::string>(),
+                 site["op_frame"].get<std::string>().empty() ? "?" : site["op_frame"].get<std::string>(),
+                 site["mllm_frame"].get<std::string>().empty() ? "?" : site["mllm_frame"].get<std::string>());
+  if (comm_->rank() == 0) {
+    nlohmann::json out = report;
+    out["device"] = device_.str();
+    write_file_atomic(run_dir_ + "/sync_debug.json", out.dump(1) + "\n");
+  }
 }
 
 LanguageModel& Trainer::model() {

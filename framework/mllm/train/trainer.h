@@ -27,6 +27,7 @@
 #include "mllm/train/callback.h"
 #include "mllm/train/checkpoint.h"
 #include "mllm/train/run_lock.h"
+#include "mllm/train/sync_debug.h"
 
 namespace mllm {
 class CheckedFile;
@@ -107,6 +108,10 @@ class Trainer {
   StepMetrics train_step();
   // The end-of-run summary line (rank 0's log; every rank logs its own copy).
   void log_summary(int64_t first_step, int64_t first_tokens) const;
+  // train.sync_debug: the part of the step the next host synchronisations belong to.
+  void sync_phase(const char* phase);
+  // train.sync_debug: stops collecting, logs the sites, rank 0 writes <run>/sync_debug.json.
+  void finish_sync_debug();
 
   Recipe recipe_;
   std::shared_ptr<Communicator> comm_;
@@ -138,6 +143,8 @@ class Trainer {
   // For the end-of-run summary: the last applied step's train loss, the best evaluation.
   double last_train_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::optional<EvalMetrics> best_eval_;
+  std::unique_ptr<SyncDebug> sync_debug_;  // train.sync_debug, from the invocation's second step
+  int64_t sync_debug_steps_ = 0;
 };
 
 // Threads per rank for train.threads: an explicit value (> 0) as given, with a warning when the
@@ -150,7 +157,8 @@ int resolve_threads(int64_t threads, int local_size);
 int resolve_threads(int64_t threads, int local_size, int usable, const char* omp_num_threads);
 
 // This process's matmul throughput in FLOP/s on `device` at the current thread count and dtype
-// (a square GEMM timed a few times, n = 1024 on the CPU, 8192 on a GPU; the MFU denominator).
+// (the best of a few timed square GEMMs on random operands after warm-up, n = 1024 on the CPU,
+// 8192 on a GPU; the MFU denominator). Leaves the default generators untouched.
 double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device(torch::kCPU));
 
 // Installs SIGTERM/SIGINT/SIGUSR1/SIGUSR2 handlers that request a checkpointed stop at the end
