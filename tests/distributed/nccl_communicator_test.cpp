@@ -52,6 +52,30 @@ TEST(NcclCommunicator, AllReduceOnCurrentStreamWithoutHostSync) {
   EXPECT_EQ(b.cpu()[4].item<float>(), static_cast<float>(n - 1));
 }
 
+TEST(NcclCommunicator, OutOfPlaceCollectiveOrderedAfterSlowKernelsOnTheCurrentStream) {
+  // Meaningful at world size 1 too, where an in-place all-reduce changes nothing: all_gather
+  // copies `input` into `output`. `input` gets its new value only after ~50 ms of matrix products
+  // queued on LibTorch's current stream, so NCCL must wait for that stream; `output` is read on
+  // the current stream after wait(), with no host synchronisation in between.
+  auto c = nccl_world();
+  const int n = c->world_size(), r = c->rank();
+  const auto opts = torch::TensorOptions().device(my_device());
+  const int64_t per_rank = 1 << 16;
+  auto input = torch::full({per_rank}, -1.0f, opts);
+  auto output = torch::full({per_rank * n}, -2.0f, opts);
+  auto big = torch::randn({4096, 4096}, opts);
+  torch::cuda::synchronize();
+  auto x = big;
+  for (int i = 0; i < 20; ++i) x = torch::mm(x, big) * 1e-3;  // slow, on the current stream
+  input.fill_(static_cast<float>(r + 1)).add_(x.sum() * 0.0f);  // written after the products
+  c->all_gather_async(input, output)->wait();
+  auto got = output.view({n, per_rank}).cpu();
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(got[q].min().item<float>(), static_cast<float>(q + 1)) << "rank " << q << "'s slice";
+    EXPECT_EQ(got[q].max().item<float>(), static_cast<float>(q + 1)) << "rank " << q << "'s slice";
+  }
+}
+
 TEST(NcclCommunicator, DataParallelStepMatchesCpuReference) {
   auto c = nccl_world();
   const int n = c->world_size(), r = c->rank();

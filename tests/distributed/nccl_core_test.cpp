@@ -1,12 +1,16 @@
 // NcclCore on GPUs, without LibTorch: all-reduce and broadcast on raw device buffers, ordering
-// after a producer stream and before a consumer stream, argument errors. Needs one GPU per
+// after a producer stream and before a consumer stream (at world size 1 too, with an
+// out-of-place all-reduce behind a slow producer, and controls showing that a missing wait gives
+// wrong numbers), argument errors. Needs one GPU per
 // rank; built everywhere the core builds (compile-and-link proof), registered only for GPU runs.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
 #endif
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -104,6 +108,83 @@ TEST(NcclCore, OrderedAfterProducerAndBeforeConsumerStream) {
   EXPECT_EQ(out.back(), want);
   cudaFree(d);
   cudaStreamDestroy(s);
+}
+
+namespace {
+// A producer that is slow on purpose and needs no kernel: the stream first runs a host function
+// that sleeps, then copies `value` into `dst`. Work ordered after this stream sees the new values
+// only ~200 ms after it was queued; work that is not ordered after it sees the old ones.
+void CUDART_CB sleep_200ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
+void slow_fill(float* dst, const float* pinned_src, size_t count, cudaStream_t s) {
+  ASSERT_EQ(cudaLaunchHostFunc(s, sleep_200ms, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dst, pinned_src, count * sizeof(float), cudaMemcpyHostToDevice, s),
+            cudaSuccess);
+}
+
+struct OrderingRun {
+  float first, last;  // what the consumer read from recv
+};
+
+// send := -1 and recv := -2 (settled), then: the slow producer writes rank + 1 into send on
+// `producer`; an out-of-place sum all-reduce send -> recv is ordered after `order_after`; the
+// consumer stream copies recv to the host, after the collective when `consumer_waits`.
+OrderingRun run_ordering(cudaStream_t producer, cudaStream_t order_after, cudaStream_t consumer,
+                         bool consumer_waits) {
+  const size_t count = 1 << 20;
+  float *send = nullptr, *recv = nullptr, *host_new = nullptr, *host_out = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&recv), count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host_new), count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host_out), count * sizeof(float)), cudaSuccess);
+  std::vector<float> old_send(count, -1.0f), old_recv(count, -2.0f);
+  EXPECT_EQ(cudaMemcpy(send, old_send.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(recv, old_recv.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  for (size_t i = 0; i < count; ++i) host_new[i] = static_cast<float>(g_rank + 1);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  slow_fill(send, host_new, count, producer);
+  auto ev = g_core->all_reduce(send, recv, count, DataType::kFloat32, RedOp::kSum, order_after);
+  if (consumer_waits) ev->block_stream(consumer);
+  EXPECT_EQ(cudaMemcpyAsync(host_out, recv, count * sizeof(float), cudaMemcpyDeviceToHost, consumer),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+  OrderingRun out{host_out[0], host_out[count - 1]};
+  ev->synchronize(60, "ordering all_reduce");
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaFreeHost(host_new);
+  cudaFreeHost(host_out);
+  return out;
+}
+}  // namespace
+
+TEST(NcclCore, OutOfPlaceAllReduceOrderedAfterSlowProducerAndBeforeConsumer) {
+  // Meaningful at world size 1 too: the out-of-place all-reduce copies send into recv, so a
+  // collective that ran before the producer would deliver the old -1s, and a consumer that did
+  // not wait would read recv's old -2s. Expected: the sum of rank + 1 over the ranks.
+  cudaStream_t producer = nullptr, consumer = nullptr, idle = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), cudaSuccess);
+  const float want = g_world * (g_world + 1) / 2.0f;
+  OrderingRun ok = run_ordering(producer, producer, consumer, /*consumer_waits=*/true);
+  EXPECT_EQ(ok.first, want);
+  EXPECT_EQ(ok.last, want);
+  // The controls: this test can fail. Ordered after an idle stream instead of the producer,
+  // NCCL reads send before the producer rewrote it (every rank's -1); a consumer that does not
+  // wait for the collective reads recv before NCCL wrote it (-2).
+  OrderingRun early = run_ordering(producer, idle, consumer, /*consumer_waits=*/true);
+  EXPECT_EQ(early.first, -1.0f * g_world) << "the NCCL stream did not run ahead of a slow producer "
+                                              "it was not ordered after: this test cannot fail";
+  OrderingRun unwaited = run_ordering(producer, producer, consumer, /*consumer_waits=*/false);
+  EXPECT_EQ(unwaited.first, -2.0f) << "a consumer that does not wait saw the result anyway: this "
+                                      "test cannot fail";
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+  cudaStreamDestroy(idle);
 }
 
 TEST(NcclCore, BroadcastAndBadRoot) {

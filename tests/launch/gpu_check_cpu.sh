@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# launch/gpu-check.sh on the CPU (MLLM_GPU_CHECK_DEVICE=cpu, tiny shapes, the programs ctest
+# built): every check after the build runs and passes, the report says what each compared, and
+# its verdicts can fail: a run on the wrong backend and a loss off by 1e-3 each turn it red.
+source "$(dirname "$0")/../e2e/common.sh"
+: "${MLLM_TORCH_PYTHON:?set by ctest: the Python holding the torch we link}"
+G="$MLLM_SOURCE_DIR/launch/gpu-check.sh"
+export MLLM_GPU_CHECK_DEVICE=cpu PYTHON="$MLLM_TORCH_PYTHON"
+
+# ---- every check ---------------------------------------------------------------------------
+"$G" "$WORK/ok" > "$WORK/ok.out" 2>&1 || { cat "$WORK/ok.out"; fail "gpu-check on the CPU did not pass"; }
+python3 - "$WORK/ok" <<'PY' || fail "the report of the passing run"
+import json, sys
+out = sys.argv[1]
+rep = json.load(open(f"{out}/report.json"))
+by = {r["check"]: r for r in rep["checks"]}
+want = ["build", "gpu_tests", "sync_debug", "mini", "fp32_vs_cpu", "fp32_parity", "np2_vs_np1",
+        "llama_np1", "reference", "bf16_parity", "hf_export", "speed", "mfu"]
+assert [r["check"] for r in rep["checks"]] == want, [r["check"] for r in rep["checks"]]
+assert rep["passed"] is True and rep["device"] == "cpu", rep
+assert by["build"]["status"] == "skipped" and by["gpu_tests"]["status"] == "skipped"
+assert by["speed"]["status"] == "info" and by["sync_debug"]["status"] == "info"
+# Each run named the backend it was meant to use.
+assert by["np2_vs_np1"]["backend_np1"]["backend"] == "single", by["np2_vs_np1"]
+assert by["np2_vs_np1"]["backend_np2"]["backend"] == "mpi", by["np2_vs_np1"]
+assert by["np2_vs_np1"]["backend_np2"]["world_size"] == 2
+assert by["mini"]["cpu_backend"]["backend"] == "mpi" and by["llama_np1"]["backend"]["backend"] == "single"
+
+# The comparisons, recomputed here from the runs' own metrics.jsonl files.
+def losses(run):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{out}/{run}/metrics.jsonl")) if "tokens_per_s" in r}
+a, b = losses("np1"), losses("np2")
+assert sorted(a) == sorted(b) == list(range(1, 9)), (a, b)
+diff = max(abs(a[s] - b[s]) for s in a)
+assert diff <= 1e-5 and abs(by["np2_vs_np1"]["max_loss_diff"] - diff) < 1e-12, (diff, by["np2_vs_np1"])
+assert by["np2_vs_np1"]["steps"] == 8 and by["np2_vs_np1"]["tolerance"] == 1e-5
+g, c = losses("fp32_gpu"), losses("fp32_cpu")
+assert len(g) == 10 and max(abs(g[s] - c[s]) for s in g) <= 1e-4
+assert abs(by["fp32_parity"]["ours"] - by["fp32_parity"]["reference"]) <= 1e-5, by["fp32_parity"]
+assert abs(by["mini"]["val_loss"] - by["mini"]["cpu_val_loss"]) <= 0.02, by["mini"]
+# No GPU, no host synchronisation to find: an empty list, from a report that exists.
+sd = json.load(open(f"{out}/sync_debug/sync_debug.json"))
+assert sd["steps"] == 5 and sd["total"] == 0 and sd["sites"] == [] and sd["device"] == "cpu", sd
+md = open(f"{out}/report.md").read()
+assert "verdict: PASS" in md and "| np2_vs_np1 | pass |" in md, md
+print("gpu_check_cpu: all", len(want), "checks; np2 vs np1 max |loss diff|", diff)
+PY
+
+# ---- verdicts that can fail ----------------------------------------------------------------
+# The 1-rank run on another backend than the one it was meant to use (an MPI singleton instead of
+# single; on a GPU: mpi instead of nccl) is a failure, even though its losses agree.
+if MLLM_GPU_CHECK_ONLY=np2_vs_np1 MLLM_GPU_CHECK_OVERRIDES_np1="dist.backend=mpi" MLLM_BIN="$MLLM_BIN" \
+   "$G" "$WORK/backend" > "$WORK/backend.out" 2>&1; then
+  cat "$WORK/backend.out"; fail "a run on the wrong backend passed"
+fi
+# A loss off by 1e-3 at one step of the 2-rank run.
+if MLLM_GPU_CHECK_ONLY=np2_vs_np1 MLLM_GPU_CHECK_FAULT_np2="skew:step=4:by=1e-3" MLLM_BIN="$MLLM_BIN" \
+   "$G" "$WORK/skew" > "$WORK/skew.out" 2>&1; then
+  cat "$WORK/skew.out"; fail "a loss off by 1e-3 passed"
+fi
+python3 - "$WORK/backend" "$WORK/skew" <<'PY' || fail "the reports of the failing runs"
+import json, sys
+back = {r["check"]: r for r in json.load(open(f"{sys.argv[1]}/report.json"))["checks"]}
+skew = {r["check"]: r for r in json.load(open(f"{sys.argv[2]}/report.json"))["checks"]}
+assert list(back) == ["build", "np2_vs_np1"] and list(skew) == ["build", "np2_vs_np1"], (back, skew)
+b = back["np2_vs_np1"]
+assert b["status"] == "fail" and b["backend_np1"] == {"backend": "mpi", "want": "single", "ok": False,
+                                                        "world_size": 1}, b
+assert b["max_loss_diff"] <= 1e-5, b  # the numbers agreed: only the backend was wrong
+s = skew["np2_vs_np1"]
+assert s["status"] == "fail" and abs(s["max_loss_diff"] - 1e-3) < 1e-5 and s["why"].startswith("step 4:"), s
+assert json.load(open(f"{sys.argv[2]}/report.json"))["passed"] is False
+print("gpu_check_cpu: wrong backend and skewed loss both fail:", b["backend_np1"], s["why"])
+PY
+echo "gpu_check_cpu: ok"
