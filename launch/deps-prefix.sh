@@ -4,22 +4,27 @@
 #
 #   launch/deps-prefix.sh fetch DIR            on a Debian 12 machine with apt (no root needed):
 #                                              downloads the project's Debian packages and the
-#                                              libraries they need (~50 .deb files, ~24 MB) into DIR
+#                                              libraries they need (~55 .deb files, ~24 MB) into DIR
 #   launch/deps-prefix.sh unpack DIR PREFIX    anywhere with python3 (no root, no dpkg): unpacks
 #                                              DIR/*.deb into PREFIX and writes PREFIX/env.sh
 #   launch/deps-prefix.sh cmake-args PREFIX    prints the CMake arguments that build against PREFIX
 #
 # Then:  source PREFIX/env.sh && cmake -S . -B build $(launch/deps-prefix.sh cmake-args PREFIX)
-# env.sh puts PREFIX's programs and libraries on PATH / LD_LIBRARY_PATH and relocates OpenMPI
-# (OPAL_PREFIX). Packages the target machine always has (libc, libstdc++, the compilers, Python)
-# are not fetched.
+# unpack relocates the prefix: pkg-config files say PREFIX/usr instead of /usr, Debian's
+# alternatives (mpirun, mpicc, the mpi include folder, libmpi.so) are made as links, and a link
+# into a package that is not fetched points at the machine's own copy (or is removed). env.sh puts
+# PREFIX's programs and libraries on PATH / LD_LIBRARY_PATH / PKG_CONFIG_PATH and relocates
+# OpenMPI: OPAL_PREFIX (components, help files), OPAL_SYSCONFDIR (Debian's MCA settings, which
+# keep OpenMPI on ob1 + shared memory/TCP rather than libfabric) and PMIx's component path.
+# pkg-config itself (pkgconf) comes with the prefix. Packages the target machine always has (libc,
+# libstdc++, zlib, the compilers, Python) are not fetched.
 set -euo pipefail
 
 ROOTS=(libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev
-       zlib1g-dev libopenmpi-dev openmpi-bin libgtest-dev)
+       zlib1g-dev libopenmpi-dev openmpi-bin libgtest-dev pkgconf)
 ARCH_TRIPLET=x86_64-linux-gnu
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "deps-prefix.sh: $*" >&2; exit "${2:-1}"; }
 
 # The Depends closure of ROOTS (first alternative of each "a | b"), without what every target
@@ -127,20 +132,86 @@ for deb in debs:
                 tar.extract(m, prefix)
 print(f"deps-prefix: unpacked {len(debs)} packages into {prefix}")
 PY
-  # Debian selects OpenMPI's programs through the alternatives system (postinst scripts, which
-  # do not run here): make the plain names point at the OpenMPI ones.
-  local bin="$prefix/usr/bin"
+  # Debian selects OpenMPI through the alternatives system (postinst scripts, which do not run
+  # here): the links update-alternatives would make for the mpirun and mpi-x86_64-linux-gnu
+  # groups.
+  local bin="$prefix/usr/bin" lib="$prefix/usr/lib/$ARCH_TRIPLET"
   for tool in mpicc mpicxx mpic++ mpirun mpiexec ompi_info orterun; do
     [ -e "$bin/$tool.openmpi" ] && ln -sfn "$tool.openmpi" "$bin/$tool"
   done
-  local ompi="$prefix/usr/lib/$ARCH_TRIPLET/openmpi"
-  [ -d "$ompi/include" ] && ln -sfn "openmpi/include" "$prefix/usr/include/mpi" 2>/dev/null || true
+  if [ -d "$lib/openmpi/include" ]; then
+    mkdir -p "$prefix/usr/include/$ARCH_TRIPLET"
+    ln -sfn "../../lib/$ARCH_TRIPLET/openmpi/include" "$prefix/usr/include/$ARCH_TRIPLET/mpi"
+    ln -sfn openmpi/lib/libmpi.so "$lib/libmpi.so"
+    ln -sfn openmpi/lib/libmpi_cxx.so "$lib/libmpi++.so"
+    for pc in "" -c -cxx -fort; do ln -sfn "ompi$pc.pc" "$lib/pkgconfig/mpi$pc.pc"; done
+  fi
+  python3 - "$prefix" "$ARCH_TRIPLET" <<'PY'
+import glob, os, re, subprocess, sys
+prefix, triplet = sys.argv[1], sys.argv[2]
+# pkg-config files: Debian's say prefix=/usr (and some name /usr/... directly). Without this,
+# pkg-config hands out -I/usr/include, which it then drops as a system folder, and a library
+# like sentencepiece compiles only where the machine happens to have its headers too.
+path_start = re.compile(r"(?<![\w./-])/usr(?=/|\s|$)")
+done = set()
+for pc in glob.glob(f"{prefix}/usr/**/*.pc", recursive=True):
+    real = os.path.realpath(pc)
+    if real in done or not os.path.isfile(real) or not real.startswith(prefix + "/"):
+        continue
+    done.add(real)
+    text = open(real, encoding="utf-8", errors="surrogateescape").read()
+    fixed = path_start.sub(prefix + "/usr", text)
+    if fixed != text:
+        open(real, "w", encoding="utf-8", errors="surrogateescape").write(fixed)
+# Links into packages that are not fetched (the machine has them: zlib1g for libz.so, libjs-*
+# for documentation): aimed at the machine's own copy of a library, otherwise removed, so that
+# nothing in the prefix dangles (CMake would skip a dangling libz.so and link libz.a instead).
+system_libs = {}
+try:
+    out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) \(([^)]*)\) => (\S+)", line)
+        if m and "x86-64" in m.group(2):
+            system_libs.setdefault(m.group(1), m.group(3))
+except OSError:
+    pass
+for d in (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib64", "/usr/lib64"):
+    for f in glob.glob(f"{d}/lib*.so*"):
+        system_libs.setdefault(os.path.basename(f), f)
+relinked, removed = [], []
+for root, dirs, files in os.walk(prefix):
+    for name in dirs + files:
+        path = os.path.join(root, name)
+        if not os.path.islink(path) or os.path.exists(path):
+            continue
+        target = os.path.basename(os.readlink(path))
+        soname = re.sub(r"^(lib.*\.so\.\d+).*$", r"\1", target)
+        found = system_libs.get(target) or system_libs.get(soname)
+        os.remove(path)
+        if found and os.path.exists(found):
+            os.symlink(found, path)
+            relinked.append(f"{os.path.relpath(path, prefix)} -> {found}")
+        else:
+            removed.append(os.path.relpath(path, prefix))
+for r in relinked:
+    print(f"deps-prefix: {r} (the machine's own copy)")
+if removed:
+    print(f"deps-prefix: removed {len(removed)} link(s) into packages not fetched: "
+          + ", ".join(removed[:4]) + (" ..." if len(removed) > 4 else ""))
+PY
+  local ompi="$lib/openmpi"
   cat > "$prefix/env.sh" <<ENV
 # Generated by launch/deps-prefix.sh: use the dependencies unpacked in $prefix.
 export PATH="$prefix/usr/bin:\$PATH"
-export LD_LIBRARY_PATH="$prefix/usr/lib/$ARCH_TRIPLET:$ompi/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-export OPAL_PREFIX="$prefix/usr"     # OpenMPI finds its components and help files here
+export LD_LIBRARY_PATH="$lib:$ompi/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}"
 export CMAKE_PREFIX_PATH="$prefix/usr\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}"
+# OpenMPI was built for /usr: its components and help files (OPAL_PREFIX), Debian's MCA settings
+# in /etc/openmpi (OPAL_SYSCONFDIR: without them it picks libfabric's TCP provider over ob1), and
+# the external PMIx's components (else every start prints "Sorry! You were supposed to get help").
+export OPAL_PREFIX="$prefix/usr"
+export OPAL_SYSCONFDIR="$prefix/etc/openmpi"
+export PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"
 ENV
   echo "deps-prefix: source $prefix/env.sh, then configure with:"
   echo "  cmake -S . -B build $(cmake_args "$prefix")"
