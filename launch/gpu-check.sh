@@ -23,7 +23,8 @@
 #   fp32_parity  the val loss of those GPU weights, ours vs the reference: within 1e-5
 #   np2_vs_np1   an fp32 llama (d 512, 8 layers, seq 512; eager, TF32 off) for 8 steps on 1 rank
 #                (nccl) and on 2 ranks sharing the GPU (mpi, staged through pinned host memory),
-#                the same global batch: every loss within 1e-5
+#                the same global batch: every loss within 1e-5; and 1 rank at ZeRO stage 1
+#                (DataParallel's buckets through NCCL) against 1 rank at stage 0, within 1e-5
 #   llama_np1    GPT-2-small-like llama (d 768, 12 layers, 12 heads, seq 1024, tied, bf16, sdpa)
 #                for 60 steps on 1 rank: tokens/s, MFU against the measured bf16 GEMM peak
 #   reference    the same shape in PyTorch eager (sdpa, fused AdamW): tokens/s, memory
@@ -46,7 +47,7 @@
 # On the device tool: carry [".deps/debs", "data/full"] (about 41 MB), timeout about 560 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] || { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT=$1
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 PYTHON=${PYTHON:-python3}
@@ -83,12 +84,17 @@ if [ -n "${MLLM_BIN:-}" ]; then
   BIN=$MLLM_BIN
   record build skipped "bin=\"$BIN\""
 else
-  if [ -f .deps/prefix/env.sh ] || { [ -d .deps/debs ] && launch/deps-prefix.sh unpack .deps/debs .deps/prefix > "$OUT/deps.log" 2>&1; }; then
+  DEPS_ARGS=""
+  if [ ! -f .deps/prefix/env.sh ] && [ -d .deps/debs ] &&
+     ! launch/deps-prefix.sh unpack .deps/debs .deps/prefix > "$OUT/deps.log" 2>&1; then
+    record deps fail "log=\"$OUT/deps.log\""
+    tail -20 "$OUT/deps.log"
+    exit 1
+  fi
+  if [ -f .deps/prefix/env.sh ]; then
     # shellcheck disable=SC1091
     source .deps/prefix/env.sh
     DEPS_ARGS=$(launch/deps-prefix.sh cmake-args .deps/prefix)
-  else
-    DEPS_ARGS=""
   fi
   gen=(); command -v ninja > /dev/null && [ ! -f "$BUILD/CMakeCache.txt" ] && gen=(-G Ninja)
   targets=(mllm-train mllm-export)
@@ -227,12 +233,19 @@ if want np2_vs_np1; then
   t0=$SECONDS
   same=("${FP32_LLAMA[@]}" schedule.warmup_steps=2 log.every_steps=1 eval.every_steps=0
         model.attn_impl=eager train.tf32=false)
-  if train np1 1 "${same[@]}" && train np2 2 "${same[@]}" dist.backend=mpi; then
+  # np1_zero1: the same 1-rank run at ZeRO stage 1, whose buckets (hooks, device-side flags,
+  # reduce-scatter, all-gather) go through NCCL even at world size 1, where stage 0 needs none.
+  if train np1 1 "${same[@]}" && train np2 2 "${same[@]}" dist.backend=mpi &&
+     train np1_zero1 1 "${same[@]}" dist.zero_stage=1; then
     b1=$(backend np1 "$NP1"); r1=$?
     b2=$(backend np2 "$NP2"); r2=$?
+    bz=$(backend np1_zero1 "$NP1"); rz=$?
     cmp=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np2" 1e-5 --steps 8); crc=$?
-    if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $crc -eq 0 ]; then st=pass; else st=fail; fi
-    record np2_vs_np1 $st "_=$cmp" "backend_np1=$b1" "backend_np2=$b2" "seconds=$((SECONDS - t0))"
+    cz=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero1" 1e-5 --steps 8); czrc=$?
+    if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $rz -eq 0 ] && [ $crc -eq 0 ] && [ $czrc -eq 0 ]; then
+      st=pass; else st=fail; fi
+    record np2_vs_np1 $st "_=$cmp" "backend_np1=$b1" "backend_np2=$b2" "zero1_vs_np1=$cz" \
+      "backend_zero1=$bz" "seconds=$((SECONDS - t0))"
   else
     record np2_vs_np1 fail "log=\"$OUT/np1.log / np2.log\""
   fi

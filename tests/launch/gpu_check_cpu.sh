@@ -34,6 +34,9 @@ assert sorted(a) == sorted(b) == list(range(1, 9)), (a, b)
 diff = max(abs(a[s] - b[s]) for s in a)
 assert diff <= 1e-5 and abs(by["np2_vs_np1"]["max_loss_diff"] - diff) < 1e-12, (diff, by["np2_vs_np1"])
 assert by["np2_vs_np1"]["steps"] == 8 and by["np2_vs_np1"]["tolerance"] == 1e-5
+z = losses("np1_zero1")
+assert sorted(z) == sorted(a) and max(abs(a[s] - z[s]) for s in a) <= 1e-5, (a, z)
+assert by["np2_vs_np1"]["zero1_vs_np1"]["ok"] is True and by["np2_vs_np1"]["backend_zero1"]["ok"]
 g, c = losses("fp32_gpu"), losses("fp32_cpu")
 assert len(g) == 10 and max(abs(g[s] - c[s]) for s in g) <= 1e-4
 assert abs(by["fp32_parity"]["ours"] - by["fp32_parity"]["reference"]) <= 1e-5, by["fp32_parity"]

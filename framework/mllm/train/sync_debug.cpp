@@ -39,7 +39,8 @@ std::vector<std::string> clean_backtrace(const std::string& backtrace) {
     const std::string& f = frames[i];
     if (f.find("c10::warn") != std::string::npos || f.find("c10::Warning") != std::string::npos ||
         f.find("WarningHandler") != std::string::npos || f.find("mllm::SyncDebug") != std::string::npos ||
-        f.find("c10::get_backtrace") != std::string::npos)
+        f.find("c10::get_backtrace") != std::string::npos ||
+        f.find("warn_or_error_on_sync") != std::string::npos)  // c10/cuda/CUDAFunctions.h
       first = i + 1;
   }
   return {frames.begin() + static_cast<std::ptrdiff_t>(std::min(first, frames.size())), frames.end()};

@@ -76,6 +76,7 @@ TEST(SyncDebug, CleansC10Backtraces) {
       "frame #0: c10::get_backtrace[abi:cxx11](unsigned long, unsigned long, bool) + 0x5c (0x7f01 in /x/libc10.so)\n"
       "frame #1: mllm::SyncDebug::process(c10::Warning const&) + 0x3a (0x7f02 in /x/libmllm.so)\n"
       "frame #2: c10::warn(c10::Warning const&) + 0x9 (0x7f03 in /x/libc10.so)\n"
+      "frame #3: c10::cuda::warn_or_error_on_sync() + 0x61 (0x7f07 in /x/libc10_cuda.so)\n"
       "frame #3: at::native::_local_scalar_dense_cuda(at::Tensor const&) + 0x1ab (0x7f04 in /x/libtorch_cuda.so)\n"
       "frame #4: <unknown function> + 0x123 (0x7f05 in /x/libtorch_cpu.so)\n"
       "frame #5: mllm::Trainer::train_step() + 0x77 (0x7f06 in /y/libmllm.so)\n";
