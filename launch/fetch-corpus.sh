@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Puts the chinese-poetry corpus (MIT) where the recipes read it: data/full/tang.jsonl (57,603
-# Tang poems, one per line, checked against a pinned sha256) and, with --all, song.jsonl and
-# ci.jsonl. Needs no network when the compressed Tang corpus is at hand; idempotent.
+# Tang poems, one per line) and, with --all, song.jsonl and ci.jsonl, each checked against a
+# pinned sha256. Needs no network when the compressed copies are at hand (our machines keep them
+# in ../shared/corpus/); idempotent.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,12 +10,17 @@ CORPUS_DIR="${CORPUS_DIR:-$ROOT/data/full}"
 # sha256 of tang.jsonl as launch/convert_chinese_poetry.py writes it (16,819,136 bytes); the same
 # from the npm package chinese-poetry@2.0.1 and from the git repository chinese-poetry/chinese-poetry.
 TANG_SHA256=4f503fa181af641b2b43ffb1feca05c78686008c28def8582614180c99bab329
-# Where tang.jsonl.xz (xz of that file, about 5.3 MB) is looked for, first to last.
+# The Song collections as convert_chinese_poetry.py writes them from the same sources (73,938,894
+# and 6,901,090 bytes; the checksums of ../shared/corpus/README.md).
+SONG_SHA256=c75d9322f9f41df043c287fadc483dc6b532ee8cced098a7349e896308192053
+CI_SHA256=3b952527c8dde5d861c2771e56fe3c34d81fe3854731066ed9906861fc7c9818
+# Folders where NAME.jsonl.xz (xz of NAME.jsonl) is looked for, first to last.
+XZ_DIRS=("$ROOT/data/corpus" "$ROOT/../shared/corpus")
 case "${MLLM_CORPUS_XZ:-}" in
-  "") XZ_CANDIDATES=("$ROOT/data/corpus/tang.jsonl.xz" "$ROOT/../shared/corpus/tang.jsonl.xz") ;;
-  none) XZ_CANDIDATES=() ;;
+  "") XZ_CANDIDATES=("${XZ_DIRS[@]/%//tang.jsonl.xz}") ;;
+  none) XZ_CANDIDATES=() XZ_DIRS=() ;;
   *) [ -f "$MLLM_CORPUS_XZ" ] || { echo "fetch-corpus.sh: MLLM_CORPUS_XZ=$MLLM_CORPUS_XZ: no such file" >&2; exit 2; }
-     XZ_CANDIDATES=("$MLLM_CORPUS_XZ") ;;
+     XZ_CANDIDATES=("$MLLM_CORPUS_XZ") XZ_DIRS=("$(dirname "$MLLM_CORPUS_XZ")") ;;
 esac
 LICENSE_FILE="$ROOT/data/tang300/LICENSE"   # the corpus's MIT licence (Copyright (c) 2016 JackeyGao)
 NPM_PACKAGE=chinese-poetry
@@ -31,11 +37,13 @@ Usage: launch/fetch-corpus.sh [--all] [--from DIR] [--sample] [-h|--help]
     2. --from DIR: the npm package $NPM_PACKAGE@$NPM_VERSION unpacked, or a git checkout of
        github.com/chinese-poetry/chinese-poetry
     3. npm pack $NPM_PACKAGE@$NPM_VERSION (sha512-checked), where the npm registry is reachable
-  --all      also song.jsonl and ci.jsonl (the Song collections: source 2 or 3)
+  --all      also song.jsonl and ci.jsonl, each pinned by sha256 (song.jsonl.xz and ci.jsonl.xz
+             from the folders of source 1, else source 2 or 3)
   --sample   also rewrite the committed sample data/tang300/ (maintainers; source 2 or 3)
 Environment:
   CORPUS_DIR     output folder (now: $CORPUS_DIR)
-  MLLM_CORPUS_XZ a tang.jsonl.xz to use instead of those of source 1, or 'none' to skip source 1
+  MLLM_CORPUS_XZ a tang.jsonl.xz to use instead of those of source 1 (--all then looks for the
+                 Song files beside it), or 'none' to skip source 1
 USAGE
 }
 
@@ -57,6 +65,8 @@ done
 die() { echo "fetch-corpus.sh: $*" >&2; exit 1; }
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 tang_ok() { [ -f "$CORPUS_DIR/tang.jsonl" ] && [ "$(sha256_of "$CORPUS_DIR/tang.jsonl")" = "$TANG_SHA256" ]; }
+pinned_sha() { case "$1" in tang) echo "$TANG_SHA256" ;; song) echo "$SONG_SHA256" ;; ci) echo "$CI_SHA256" ;; esac; }
+corpus_ok() { [ -f "$CORPUS_DIR/$1.jsonl" ] && [ "$(sha256_of "$CORPUS_DIR/$1.jsonl")" = "$(pinned_sha "$1")" ]; }
 
 mkdir -p "$CORPUS_DIR"
 WORK="$(mktemp -d "$CORPUS_DIR/.fetch.XXXXXX")"
@@ -125,16 +135,42 @@ github.com/chinese-poetry/chinese-poetry), or install npm where the npm registry
   fi
 fi
 
-# 2. Song collections and the committed sample: only from the sources.
-if [ $ALL = 1 ] || [ $SAMPLE = 1 ]; then
-  src="$(source_dir)"
-  if [ $ALL = 1 ]; then
-    python3 "$CONVERTER" "$src" "$WORK" --only song.jsonl ci.jsonl
-    mv "$WORK/song.jsonl" "$WORK/ci.jsonl" "$CORPUS_DIR/"
-    cp "$LICENSE_FILE" "$CORPUS_DIR/LICENSE"
-  fi
-  if [ $SAMPLE = 1 ]; then
-    python3 "$CONVERTER" "$src" "$ROOT/data/tang300" --sample-only
-  fi
+# Moves WORK/NAME.jsonl into place if its sha256 is the pinned one.
+install_pinned() {  # NAME SOURCE-DESCRIPTION
+  local got want
+  got="$(sha256_of "$WORK/$1.jsonl")" want="$(pinned_sha "$1")"
+  [ "$got" = "$want" ] ||
+    die "$1.jsonl from $2 has sha256 $got, expected $want (corrupt or a different version)"
+  mv "$WORK/$1.jsonl" "$CORPUS_DIR/$1.jsonl"
+  cp "$LICENSE_FILE" "$CORPUS_DIR/LICENSE"
+  echo "fetch-corpus: $CORPUS_DIR/$1.jsonl from $2 (sha256 verified)"
+}
+
+# 2. The Song collections: their compressed copies, else the sources.
+if [ $ALL = 1 ]; then
+  for name in song ci; do
+    if corpus_ok "$name"; then
+      echo "fetch-corpus: $CORPUS_DIR/$name.jsonl present and verified"
+      continue
+    fi
+    done_it=0
+    for dir in "${XZ_DIRS[@]}"; do
+      [ -f "$dir/$name.jsonl.xz" ] || continue
+      command -v xz >/dev/null || die "'xz' is required to read $dir/$name.jsonl.xz (apt-get install xz-utils)"
+      xz -dc "$dir/$name.jsonl.xz" > "$WORK/$name.jsonl" || die "$dir/$name.jsonl.xz: not a valid .xz file"
+      install_pinned "$name" "$dir/$name.jsonl.xz"
+      done_it=1
+      break
+    done
+    if [ $done_it = 0 ]; then
+      src="$(source_dir)"
+      python3 "$CONVERTER" "$src" "$WORK" --only "$name.jsonl"
+      install_pinned "$name" "$src"
+    fi
+  done
+fi
+# 3. The committed sample: only from the sources.
+if [ $SAMPLE = 1 ]; then
+  python3 "$CONVERTER" "$(source_dir)" "$ROOT/data/tang300" --sample-only
 fi
 echo "fetch-corpus: done"

@@ -3,7 +3,8 @@
 # chinese-poetry sources: both layouts (npm package, git checkout) give the hand-written lines,
 # files are read in numeric order, empty poems are skipped, ci take their tune name as title;
 # fetch-corpus refuses a corpus whose sha256 is not the pinned one (exit 1, nothing written),
-# names the places it looked when it has no source, and rejects bad arguments with exit 2.
+# names the places it looked when it has no source, and rejects bad arguments with exit 2;
+# --all takes the Song collections from compressed copies, each pinned by its sha256.
 source "$(dirname "$0")/../e2e/common.sh"
 CONVERT="$MLLM_SOURCE_DIR/launch/convert_chinese_poetry.py"
 FETCH="$MLLM_SOURCE_DIR/launch/fetch-corpus.sh"
@@ -91,4 +92,29 @@ done
 set +e; CORPUS_DIR="$WORK/c4" MLLM_CORPUS_XZ="$WORK/missing.xz" "$FETCH" > /dev/null 2>&1; code=$?; set -e
 [ $code -eq 2 ] || fail "MLLM_CORPUS_XZ naming a missing file exited $code, want 2"
 "$FETCH" --help | grep -q "MLLM_CORPUS_XZ" || fail "--help"
+
+# --all from compressed copies (our machines: ../shared/corpus beside the checkout): every file
+# pinned, a corrupt Song copy refused with nothing written. Skipped where that folder is absent.
+SHARED="$MLLM_SOURCE_DIR/../shared/corpus"
+if [ -f "$SHARED/tang.jsonl.xz" ] && [ -f "$SHARED/song.jsonl.xz" ] && [ -f "$SHARED/ci.jsonl.xz" ]; then
+  mkdir "$WORK/xz"
+  cp "$SHARED/tang.jsonl.xz" "$SHARED/ci.jsonl.xz" "$WORK/xz/"
+  echo '{"text": "not the Song collection"}' | xz -c > "$WORK/xz/song.jsonl.xz"
+  set +e
+  msg=$(CORPUS_DIR="$WORK/c5" MLLM_CORPUS_XZ="$WORK/xz/tang.jsonl.xz" "$FETCH" --all 2>&1); code=$?
+  set -e
+  [ $code -eq 1 ] && grep -q "song.jsonl from $WORK/xz/song.jsonl.xz has sha256" <<< "$msg" &&
+    grep -q "expected c75d9322f9f41df043c287fadc483dc6b532ee8cced098a7349e896308192053" <<< "$msg" ||
+    fail "corrupt song.jsonl.xz: exit $code: $msg"
+  [ ! -e "$WORK/c5/song.jsonl" ] || fail "a refused song.jsonl was written"
+  cp "$SHARED/song.jsonl.xz" "$WORK/xz/"
+  CORPUS_DIR="$WORK/c5" MLLM_CORPUS_XZ="$WORK/xz/tang.jsonl.xz" "$FETCH" --all > "$WORK/all.out" 2>&1 ||
+    { cat "$WORK/all.out"; fail "--all from compressed copies"; }
+  [ "$(wc -l < "$WORK/c5/song.jsonl")" -eq 254225 ] && [ "$(wc -l < "$WORK/c5/ci.jsonl")" -eq 21053 ] &&
+    [ "$(wc -l < "$WORK/c5/tang.jsonl")" -eq 57603 ] || fail "--all: poem counts $(wc -l "$WORK"/c5/*.jsonl)"
+  grep -q "ci.jsonl present and verified" <<< "$(CORPUS_DIR="$WORK/c5" "$FETCH" --all 2>&1)" ||
+    fail "a second --all did not find the verified files"
+else
+  echo "fetch_corpus: --all from compressed copies skipped (no $SHARED)"
+fi
 echo "fetch_corpus: ok"
