@@ -44,10 +44,14 @@
 # MLLM_GPU_CHECK_FAULT_<run>=SPEC gives it MLLM_FAULT=SPEC (runs: the folder names under OUT).
 # Dependencies: installed, or launch/deps-prefix.sh's .deps/debs (unpacked here into .deps/prefix).
 # Corpus: data/full/tang.jsonl when present (launch/fetch-corpus.sh), else the committed tang300.
-# On the device tool: carry [".deps/debs", "data/full"] (about 41 MB), timeout about 560 s.
+# On the device tool: first, here, launch/deps-prefix.sh fetch .deps/debs and launch/fetch-corpus.sh;
+# then carry [".deps/debs", "data/full"] (about 41 MB), timeout about 560 s, and a command that
+# brings the report and the logs back (at most 8 files of 16 MB):
+#   launch/gpu-check.sh /tmp/gc; cp /tmp/gc/report.* $OUT/;
+#   tar czf $OUT/gc.tgz --exclude=checkpoints --exclude=cache-tang --exclude=hf_llama -C /tmp gc
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] || { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT=$1
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 PYTHON=${PYTHON:-python3}

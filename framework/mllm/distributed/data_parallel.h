@@ -115,9 +115,8 @@ class DataParallel {
 
   // Bytes this rank stores for the parameters and the gradients (the bucket buffers, or .grad
   // alone at world size 1; at stage 1 the averaged slice is reduce-scattered in place into the
-  // buckets), and the number of elements whose
-  // AdamW moments it keeps (all parameters at stage 0, its slices at stage 1). For the start-up
-  // memory log.
+  // buckets), and the number of elements whose AdamW moments it keeps (all parameters at stage
+  // 0, its slices at stage 1). For the start-up memory log.
   struct Footprint {
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_elements = 0;
   };

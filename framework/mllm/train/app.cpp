@@ -69,7 +69,7 @@ std::string resolve_recipe_path(const std::string& arg) {
 }
 
 int report_error(const char* program) {
-  auto [rank, world] = launcher_rank_and_size();
+  const int rank = launcher_rank_and_size().first;
   int code = 1;
   try {
     throw;
@@ -91,7 +91,6 @@ int report_error(const char* program) {
     spdlog::error("{}: unexpected error (not a std::exception)", program);
     code = 1;
   }
-  (void)world;
   flush_logs();
   abort_job(code);  // returns unless MPI is up with several ranks
   return code;

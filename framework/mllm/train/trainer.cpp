@@ -130,10 +130,10 @@ bool may_change_on_resume(const std::string& key) {
   // A callback's own options section (options.h): callbacks may change, so may their options.
   if (find_options("callback", key.substr(0, key.find('.')))) return true;
   return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
-                           "train.time_limit_s", "train.threads", "train.device", "train.tf32", "train.sync_debug",
-                           "train.on_nonfinite", "train.max_nonfinite_skips", "model.attn_impl",
-                           "callbacks", "plugins", "checkpoint.", "eval.", "sample.", "log.",
-                           "dist."}) ||
+                           "train.time_limit_s", "train.threads", "train.device", "train.tf32",
+                           "train.sync_debug", "train.on_nonfinite", "train.max_nonfinite_skips",
+                           "model.attn_impl", "callbacks", "plugins", "checkpoint.", "eval.",
+                           "sample.", "log.", "dist."}) ||
          changes_training_on_resume(key);
 }
 
