@@ -64,7 +64,6 @@ done
 
 die() { echo "fetch-corpus.sh: $*" >&2; exit 1; }
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
-tang_ok() { [ -f "$CORPUS_DIR/tang.jsonl" ] && [ "$(sha256_of "$CORPUS_DIR/tang.jsonl")" = "$TANG_SHA256" ]; }
 pinned_sha() { case "$1" in tang) echo "$TANG_SHA256" ;; song) echo "$SONG_SHA256" ;; ci) echo "$CI_SHA256" ;; esac; }
 corpus_ok() { [ -f "$CORPUS_DIR/$1.jsonl" ] && [ "$(sha256_of "$CORPUS_DIR/$1.jsonl")" = "$(pinned_sha "$1")" ]; }
 
@@ -72,15 +71,29 @@ mkdir -p "$CORPUS_DIR"
 WORK="$(mktemp -d "$CORPUS_DIR/.fetch.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-# Moves a converted/decompressed tang.jsonl into place if its sha256 is the pinned one.
-install_tang() {  # FILE SOURCE-DESCRIPTION
-  local got
-  got="$(sha256_of "$1")"
-  [ "$got" = "$TANG_SHA256" ] ||
-    die "tang.jsonl from $2 has sha256 $got, expected $TANG_SHA256 (corrupt or a different version)"
-  mv "$1" "$CORPUS_DIR/tang.jsonl"
+# Moves WORK/NAME.jsonl (converted or decompressed) into place if its sha256 is the pinned one.
+install_pinned() {  # NAME SOURCE-DESCRIPTION
+  local got want
+  got="$(sha256_of "$WORK/$1.jsonl")" want="$(pinned_sha "$1")"
+  [ "$got" = "$want" ] ||
+    die "$1.jsonl from $2 has sha256 $got, expected $want (corrupt or a different version)"
+  mv "$WORK/$1.jsonl" "$CORPUS_DIR/$1.jsonl"
   cp "$LICENSE_FILE" "$CORPUS_DIR/LICENSE"
-  echo "fetch-corpus: $CORPUS_DIR/tang.jsonl from $2 (sha256 verified)"
+  echo "fetch-corpus: $CORPUS_DIR/$1.jsonl from $2 (sha256 verified)"
+}
+
+# NAME.jsonl from the first of FILE... (NAME.jsonl.xz copies) that exists; status 1 when none does.
+from_xz() {  # NAME FILE...
+  local name=$1 xz_file
+  shift
+  for xz_file in "$@"; do
+    [ -f "$xz_file" ] || continue
+    command -v xz >/dev/null || die "'xz' is required to read $xz_file (apt-get install xz-utils)"
+    xz -dc "$xz_file" > "$WORK/$name.jsonl" || die "$xz_file: not a valid .xz file"
+    install_pinned "$name" "$xz_file"
+    return 0
+  done
+  return 1
 }
 
 # The chinese-poetry sources as a folder: --from DIR, or the npm package (downloaded once).
@@ -108,64 +121,35 @@ source_dir() {
   echo "$WORK/npm/package"
 }
 
+# NAME.jsonl converted from the sources (--from DIR, or the npm package).
+from_sources() {  # NAME
+  local src
+  src="$(source_dir)"
+  python3 "$CONVERTER" "$src" "$WORK" --only "$1.jsonl"
+  install_pinned "$1" "$src"
+}
+
 # 1. Tang: the compressed copy, else the sources.
-if tang_ok; then
+if corpus_ok tang; then
   echo "fetch-corpus: $CORPUS_DIR/tang.jsonl present and verified"
-else
-  done_tang=0
-  for xz_file in "${XZ_CANDIDATES[@]}"; do
-    [ -f "$xz_file" ] || continue
-    command -v xz >/dev/null || die "'xz' is required to read $xz_file (apt-get install xz-utils)"
-    xz -dc "$xz_file" > "$WORK/tang.jsonl" || die "$xz_file: not a valid .xz file"
-    install_tang "$WORK/tang.jsonl" "$xz_file"
-    done_tang=1
-    break
-  done
-  if [ $done_tang = 0 ]; then
-    if [ -z "$FROM" ] && ! command -v npm >/dev/null; then
-      die "no copy of the Tang corpus found and no way to fetch one. Looked for tang.jsonl.xz in:
+elif ! from_xz tang "${XZ_CANDIDATES[@]}"; then
+  if [ -z "$FROM" ] && ! command -v npm >/dev/null; then
+    die "no copy of the Tang corpus found and no way to fetch one. Looked for tang.jsonl.xz in:
 $(printf '  %s\n' "${XZ_CANDIDATES[@]:-(nowhere: MLLM_CORPUS_XZ=none)}")
 Put tang.jsonl.xz (sha256 of its content: $TANG_SHA256) in one of those places, or pass
 --from DIR (the npm package chinese-poetry@$NPM_VERSION unpacked, or a git checkout of
 github.com/chinese-poetry/chinese-poetry), or install npm where the npm registry is reachable."
-    fi
-    src="$(source_dir)"
-    python3 "$CONVERTER" "$src" "$WORK" --only tang.jsonl
-    install_tang "$WORK/tang.jsonl" "$src"
   fi
+  from_sources tang
 fi
-
-# Moves WORK/NAME.jsonl into place if its sha256 is the pinned one.
-install_pinned() {  # NAME SOURCE-DESCRIPTION
-  local got want
-  got="$(sha256_of "$WORK/$1.jsonl")" want="$(pinned_sha "$1")"
-  [ "$got" = "$want" ] ||
-    die "$1.jsonl from $2 has sha256 $got, expected $want (corrupt or a different version)"
-  mv "$WORK/$1.jsonl" "$CORPUS_DIR/$1.jsonl"
-  cp "$LICENSE_FILE" "$CORPUS_DIR/LICENSE"
-  echo "fetch-corpus: $CORPUS_DIR/$1.jsonl from $2 (sha256 verified)"
-}
 
 # 2. The Song collections: their compressed copies, else the sources.
 if [ $ALL = 1 ]; then
   for name in song ci; do
     if corpus_ok "$name"; then
       echo "fetch-corpus: $CORPUS_DIR/$name.jsonl present and verified"
-      continue
-    fi
-    done_it=0
-    for dir in "${XZ_DIRS[@]}"; do
-      [ -f "$dir/$name.jsonl.xz" ] || continue
-      command -v xz >/dev/null || die "'xz' is required to read $dir/$name.jsonl.xz (apt-get install xz-utils)"
-      xz -dc "$dir/$name.jsonl.xz" > "$WORK/$name.jsonl" || die "$dir/$name.jsonl.xz: not a valid .xz file"
-      install_pinned "$name" "$dir/$name.jsonl.xz"
-      done_it=1
-      break
-    done
-    if [ $done_it = 0 ]; then
-      src="$(source_dir)"
-      python3 "$CONVERTER" "$src" "$WORK" --only "$name.jsonl"
-      install_pinned "$name" "$src"
+    elif ! from_xz "$name" "${XZ_DIRS[@]/%//$name.jsonl.xz}"; then
+      from_sources "$name"
     fi
   done
 fi
