@@ -258,8 +258,9 @@ fi
 # ---- the GPT-2-small-like llama: ours, the reference -------------------------------------
 if want llama_np1 || want speed || want bf16_parity || want hf_export; then
   t0=$SECONDS
+  m='{}'  # llama_np1's metrics (gpu_check_report.py metrics), read once
   if train llama_np1 1 "${llama_bf16[@]}" log.every_steps=5 eval.every_steps=0 checkpoint.every_steps=0; then
-    m=$(metrics llama_np1)
+    m=$(metrics llama_np1 || echo '{}')
     b=$(backend llama_np1 "$NP1"); brc=$?
     if [ $brc -eq 0 ]; then st=pass; else st=fail; fi
     record llama_np1 $st "seconds=$((SECONDS - t0))" "_=$m" "backend=$b" "peak_mib=$PEAK_MIB"
@@ -277,7 +278,7 @@ if want llama_np1 || want speed || want bf16_parity || want hf_export; then
     record reference fail "log=\"$OUT/reference.log\""
   fi
   if [ -d "$OUT/llama_np1/checkpoints" ]; then
-    ours=$(value "$(metrics llama_np1)" val_loss)
+    ours=$(value "$m" val_loss)
     "$PYTHON" bench/torch_reference.py val-loss "$OUT/llama_np1" --device "$DEV" --bf16 > "$OUT/bf16_parity.log" 2>&1
     theirs=$("${REPORT[@]}" ref-value "$OUT/bf16_parity.log" val_loss)
     if within "$ours" "$theirs" 1e-2; then st=pass; else st=fail; fi
@@ -294,8 +295,8 @@ if want llama_np1 || want speed || want bf16_parity || want hf_export; then
   fi
   # The speed targets of the GPU issue: ours at least the reference's tokens/s on this shape;
   # MFU against the measured bf16 GEMM peak, target 40% (reported, not judged).
-  ours_speed=$(value "$(metrics llama_np1 2>/dev/null || echo '{}')" tokens_per_s)
-  mfu=$(value "$(metrics llama_np1 2>/dev/null || echo '{}')" mfu)
+  ours_speed=$(value "$m" tokens_per_s)
+  mfu=$(value "$m" mfu)
   if [ -n "$ours_speed" ] && [ -n "$ref_speed" ]; then
     ratio=$(python3 -c "print(round($ours_speed / $ref_speed, 3))")
     if ! on_gpu; then st=info; elif python3 -c "import sys; sys.exit(0 if $ours_speed >= $ref_speed else 1)"; then st=pass; else st=fail; fi
