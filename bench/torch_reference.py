@@ -12,7 +12,7 @@ Loads the weights of that checkpoint (model.safetensors, parsed here by the
 safetensors format: 8-byte little-endian header size, JSON header, raw little-endian data) into
 the plain-PyTorch models of tests/assets/model/make_golden.py (minillm = the peer's ddp_ref.py
 MiniLLM, llama = Meta's LLaMA-2 layout), reads the validation shard the run trained with
-(<data.cache_dir>/val.bin, format in docs/data.md) and computes the validation loss exactly as
+(<data.cache_dir>/<data fingerprint>/val-*.bin, format in docs/data.md) and computes the validation loss exactly as
 mllm's evaluation defines it: packed windows i = tokens[i*seq_len : (i+1)*seq_len + 1], the first
 min(B * micro_batch, windows) of them (the same at any world size), cross-entropy summed over targets that are not <PAD>
 (id 0) and divided by their count. Prints one JSON line: {"val_loss", "tokens", "sequences"}.
@@ -22,6 +22,7 @@ data.cache_dir (relative to the working directory of the run), train.micro_batch
 eval.batches.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -73,8 +74,8 @@ def load_safetensors(path):
     return out
 
 
-def read_val_windows(path, seq_len):
-    """Packed windows [n, seq_len + 1] int64 of an mllm shard (docs/data.md, version 1)."""
+def read_shard_tokens(path):
+    """(tokens int64, vocab size) of one mllm shard (docs/data.md, shard version 1)."""
     with open(path, "rb") as f:
         head = f.read(64)
         magic, version, size, count, docs, vocab = struct.unpack("<8sIIQQQ", head[:40])
@@ -82,7 +83,26 @@ def read_val_windows(path, seq_len):
             sys.exit(f"torch_reference: {path} is not an mllm shard (version 1)")
         raw = f.read(count * size)
     dtype = {2: torch.uint16, 4: torch.int32}[size]
-    tokens = torch.frombuffer(bytearray(raw), dtype=dtype).to(torch.int64)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).to(torch.int64), vocab
+
+
+def val_shards(cache_dir, tokenizer_fingerprint):
+    """The val shards of the cache sub-folder (<cache_dir>/<data fingerprint>/, manifest
+    version 2) whose tokenizer is the checkpoint's."""
+    for manifest in sorted(glob.glob(os.path.join(cache_dir, "*", "manifest.json"))):
+        m = json.load(open(manifest))
+        if m.get("version") == 2 and m.get("tokenizer_fingerprint") == tokenizer_fingerprint:
+            folder = os.path.dirname(manifest)
+            return [os.path.join(folder, s["file"]) for s in m["val"]["shards"]]
+    sys.exit(f"torch_reference: no prepared data in {cache_dir} has tokenizer "
+             f"{tokenizer_fingerprint}; run mllm-prepare")
+
+
+def read_val_windows(paths, seq_len):
+    """Packed windows [n, seq_len + 1] int64 of the concatenated shards `paths`."""
+    parts = [read_shard_tokens(p) for p in paths]
+    tokens, vocab = torch.cat([t for t, _ in parts]), parts[0][1]
+    count = tokens.numel()
     n = (count - 1) // seq_len
     idx = torch.arange(n).unsqueeze(1) * seq_len + torch.arange(seq_len + 1).unsqueeze(0)
     return tokens[idx], vocab
@@ -119,7 +139,9 @@ def val_loss(args):
         sys.exit("torch_reference: only data.mode packed is supported")
     seq_len = int(r["data.seq_len"])
     cache = args.cache_dir or r["data.cache_dir"]
-    windows, vocab = read_val_windows(os.path.join(cache, "val.bin"), seq_len)
+    with open(os.path.join(args.checkpoint, "tokenizer.mllm"), "rb") as f:
+        tok_fp = json.loads(f.readline())["fingerprint"]
+    windows, vocab = read_val_windows(val_shards(cache, tok_fp), seq_len)
     micro, batches = int(r["train.micro_batch"]), args.batches or int(r["eval.batches"])
     windows = windows[: min(batches * micro, windows.shape[0])]
 

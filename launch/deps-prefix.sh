@@ -21,7 +21,7 @@
 set -euo pipefail
 
 ROOTS=(libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev
-       zlib1g-dev libopenmpi-dev openmpi-bin libgtest-dev pkgconf)
+       zlib1g-dev libzstd-dev libsimdjson-dev libopenmpi-dev openmpi-bin libgtest-dev pkgconf)
 ARCH_TRIPLET=x86_64-linux-gnu
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -193,6 +193,20 @@ for root, dirs, files in os.walk(prefix):
             relinked.append(f"{os.path.relpath(path, prefix)} -> {found}")
         else:
             removed.append(os.path.relpath(path, prefix))
+# Libraries that CMake packages name by their full file name (zstd's targets name
+# libzstd.so.1.5.4, whose package, libzstd1, every machine has and is not fetched): linked to the
+# machine's copy of the same soname, so that the imported target exists.
+for cfg in glob.glob(os.path.join(prefix, "usr/lib", triplet, "cmake", "*", "*Targets-*.cmake")):
+    text = open(cfg, encoding="utf-8", errors="surrogateescape").read()
+    for name in sorted(set(re.findall(r'\$\{_IMPORT_PREFIX\}/lib/' + re.escape(triplet) + r'/(lib[^"/\s]+\.so[.\d]*)', text))):
+        path = os.path.join(prefix, "usr/lib", triplet, name)
+        if os.path.lexists(path):
+            continue
+        soname = re.sub(r"^(lib.*\.so\.\d+).*$", r"\1", name)
+        found = system_libs.get(name) or system_libs.get(soname)
+        if found and os.path.exists(found):
+            os.symlink(found, path)
+            relinked.append(f"{os.path.relpath(path, prefix)} -> {found}")
 for r in relinked:
     print(f"deps-prefix: {r} (the machine's own copy)")
 if removed:

@@ -33,7 +33,7 @@ PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libsentencepiece-dev zlib1g-dev
+  libsentencepiece-dev zlib1g-dev libzstd-dev libsimdjson-dev   # .gz / .zst / .jsonl corpora
   libgtest-dev libbenchmark-dev
   xz-utils                    # the embedded corpus is .jsonl.xz
   gnuplot-nox                 # sweep plots

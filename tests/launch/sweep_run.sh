@@ -28,7 +28,7 @@ for h in 1 2; do
 done
 
 # The table, recomputed independently (a step logged twice counts with its last line).
-python3 - "$OUT" "$CACHE/tokenizer.mllm" <<'PY' || fail "results differ from the run folders"
+python3 - "$OUT" "$(ls "$CACHE"/*/tokenizer.mllm | head -1)" <<'PY' || fail "results differ from the run folders"
 import csv, json, statistics, sys
 out, tok = sys.argv[1], sys.argv[2]
 V = json.loads(open(tok, "rb").readline())["vocab_size"]

@@ -30,7 +30,8 @@ double number(const std::string& entry, const std::string& key, const std::strin
 }  // namespace
 
 std::vector<Fault> parse_faults(const std::string& spec) {
-  static const std::vector<std::string> kKinds = {"throw", "sleep", "nan", "desync", "enospc", "kill", "skew"};
+  static const std::vector<std::string> kKinds = {"throw", "sleep", "nan", "desync", "enospc",
+                                                  "kill", "skew", "prepare_throw", "prepare_kill"};
   std::vector<Fault> out;
   for (const std::string& entry : split(spec, ',')) {
     auto parts = split(entry, ':');
@@ -38,13 +39,14 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     f.kind = parts.empty() ? "" : parts[0];
     if (std::find(kKinds.begin(), kKinds.end(), f.kind) == kKinds.end())
       throw ConfigError("MLLM_FAULT: '" + entry +
-                        "': unknown kind; expected throw, sleep, nan, desync, enospc, kill or skew");
+                        "': unknown kind; expected throw, sleep, nan, desync, enospc, kill, skew, "
+                        "prepare_throw or prepare_kill");
     for (std::size_t i = 1; i < parts.size(); ++i) {
       const auto eq = parts[i].find('=');
       const std::string k = parts[i].substr(0, eq);
       const std::string v = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
       if (k == "rank") f.rank = static_cast<int>(number(entry, k, v));
-      else if (k == "step") f.step = static_cast<int64_t>(number(entry, k, v));
+      else if (k == "step" || k == "segment") f.step = static_cast<int64_t>(number(entry, k, v));
       else if (k == "seconds") f.seconds = number(entry, k, v);
       else if (k == "by") f.by = number(entry, k, v);
       else if (k == "file" && v.empty())
@@ -52,9 +54,11 @@ std::vector<Fault> parse_faults(const std::string& spec) {
       else if (k == "file") f.file = v;
       else
         throw ConfigError("MLLM_FAULT: '" + entry + "': unknown key '" + k +
-                          "'; expected rank=, step=, seconds=, by= or file=");
+                          "'; expected rank=, step=, segment=, seconds=, by= or file=");
     }
-    if (f.step < 0) throw ConfigError("MLLM_FAULT: '" + entry + "': step=N is required");
+    if (f.step < 0)
+      throw ConfigError("MLLM_FAULT: '" + entry + "': " +
+                        (f.kind.rfind("prepare_", 0) == 0 ? "segment=S" : "step=N") + " is required");
     out.push_back(f);
   }
   return out;

@@ -15,6 +15,10 @@
 //   skew:step=N:by=X                 the loss reported for step N (log, metrics.jsonl) is off by
 //                                    X; the update is untouched (a wrong number for the tools
 //                                    that compare runs, launch/gpu-check.sh, to catch)
+//   prepare_throw:segment=S          data preparation throws mllm::Error when it starts encoding
+//                                    segment S (corpus.h), on whichever rank has it
+//   prepare_kill:segment=S           SIGKILL once segment S's pieces are written, as a node
+//                                    failure during preparation would
 //
 // rank defaults to 0 where it applies. A malformed value throws ConfigError naming it.
 #pragma once
@@ -27,9 +31,10 @@
 namespace mllm {
 
 struct Fault {
-  std::string kind;       // throw | sleep | nan | desync | enospc | kill | skew
+  std::string kind;       // throw | sleep | nan | desync | enospc | kill | skew | prepare_*
   int rank = 0;
-  int64_t step = -1;      // the step being taken (1-based) or the step being checkpointed
+  int64_t step = -1;      // the step being taken (1-based), the step being checkpointed, or the
+                          // segment (prepare_*; key segment=)
   double seconds = 0;     // sleep
   double by = 0;          // skew
   std::string file = "model.pt";  // enospc
@@ -40,7 +45,7 @@ struct Fault {
 std::vector<Fault> parse_faults(const std::string& spec);
 
 // The fault of `kind` injected for (rank, step) by this process's MLLM_FAULT, if any. For
-// kinds without a rank (enospc, kill, skew) pass rank = -1. Throws ConfigError when MLLM_FAULT is
+// kinds without a rank (enospc, kill, skew, prepare_*) pass rank = -1. Throws ConfigError when MLLM_FAULT is
 // malformed (first query).
 std::optional<Fault> injected_fault(const std::string& kind, int rank, int64_t step);
 

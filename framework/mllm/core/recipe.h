@@ -26,6 +26,7 @@ struct TokenizerConfig {
   double character_coverage = 0;  // bpe: sentencepiece's character_coverage; 0 = automatic
   int64_t min_count = 1;       // char: drop characters seen fewer times (they become <UNK>)
   int64_t max_vocab = 0;       // char: keep at most this many tokens (0 = no limit)
+  int64_t sample_bytes = int64_t(32) << 20;  // bpe: train on a deterministic sample of this many bytes
   Options options;             // data.tokenizer.options: what the tokenizer type declares (options.h)
 };
 
@@ -35,7 +36,10 @@ struct DataConfig {
   std::string doc_separator = "line";    // .txt: line (one doc per line) | blank_line
   std::string invalid_utf8 = "error";    // error | replace (with U+FFFD)
   TokenizerConfig tokenizer;
-  std::string cache_dir = "data/cache/mini";  // tokenizer + shards land here
+  std::string cache_dir = "data/cache/mini";  // <cache_dir>/<data fingerprint>/: tokenizer + shards
+  int64_t shard_tokens = 100000000;      // tokens per shard file at most (llm.c: 100M)
+  int64_t prepare_memory_mb = 1024;      // mllm-prepare's memory budget per rank (MiB)
+  int64_t prepare_segment_bytes = int64_t(64) << 20;  // corpus bytes per unit of work of preparation
   double val_fraction = 0.01;            // share of documents held out for validation
   std::string mode = "packed";           // packed | document
   int64_t seq_len = 64;                  // tokens per training sequence

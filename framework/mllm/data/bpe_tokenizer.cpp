@@ -286,10 +286,12 @@ void BpeTokenizer::save(const std::string& path) const {
 }
 
 void register_bpe_tokenizer() {
-  tokenizer_registry().add("bpe", [](const TokenizerConfig& c,
-                                     const std::vector<std::string>& docs, int threads) {
-    return std::shared_ptr<Tokenizer>(
-        BpeTokenizer::train(docs, c.vocab_size, threads, c.character_coverage));
+  tokenizer_registry().add("bpe", [](const TokenizerConfig& c, int threads) {
+    // Sentencepiece trains on text in memory: a bounded, deterministic sample of the corpus.
+    return make_sample_trainer(c.sample_bytes, threads, [c](const std::vector<std::string>& docs) {
+      return std::shared_ptr<Tokenizer>(
+          BpeTokenizer::train(docs, c.vocab_size, 1, c.character_coverage));
+    });
   });
   tokenizer_loader_registry().add("bpe", [](const std::string& payload, const std::string& path) {
     return std::shared_ptr<Tokenizer>(std::make_shared<BpeTokenizer>(payload, path));

@@ -68,29 +68,12 @@ int32_t CharTokenizer::id_of(char32_t cp) const {
   return it == astral_ids_.end() ? kUnkId : it->second;
 }
 
-std::shared_ptr<CharTokenizer> CharTokenizer::train(const std::vector<std::string>& documents,
-                                                    int64_t min_count, int64_t max_vocab,
-                                                    int threads) {
-  if (max_vocab > 0 && max_vocab <= kNumSpecialIds)
-    throw ConfigError(fmt::format("data.tokenizer.max_vocab = {} leaves no room for characters "
-                                  "after the {} specials; use 0 (no limit) or a value > {}",
-                                  max_vocab, kNumSpecialIds, kNumSpecialIds));
-  const int n_workers = std::max(1, std::min<int>(threads, int(documents.size())));
-  std::vector<Counts> partial(n_workers);
-  std::vector<std::thread> workers;
-  for (int w = 0; w < n_workers; ++w) {
-    workers.emplace_back([&, w] {
-      for (size_t i = w; i < documents.size(); i += n_workers) partial[w].count(documents[i]);
-    });
-  }
-  for (auto& t : workers) t.join();
+namespace {
 
+// The vocabulary from merged counts (rules of CharTokenizer::train).
+std::shared_ptr<CharTokenizer> from_counts(Counts& total, int64_t min_count, int64_t max_vocab,
+                                           int64_t documents) {
   std::vector<std::pair<int64_t, char32_t>> ranked;  // (count, code point)
-  Counts& total = partial[0];
-  for (int w = 1; w < n_workers; ++w) {
-    for (char32_t cp = 0; cp < kBmpEnd; ++cp) total.bmp[cp] += partial[w].bmp[cp];
-    for (const auto& kv : partial[w].astral) total.astral[kv.first] += kv.second;
-  }
   for (char32_t cp = 0; cp < kBmpEnd; ++cp)
     if (total.bmp[cp] >= min_count && total.bmp[cp] > 0) ranked.emplace_back(total.bmp[cp], cp);
   for (const auto& kv : total.astral)
@@ -104,11 +87,103 @@ std::shared_ptr<CharTokenizer> CharTokenizer::train(const std::vector<std::strin
     throw DataError(fmt::format("char tokenizer: no character occurs at least min_count = {} "
                                 "times in the training corpus ({} documents); lower "
                                 "data.tokenizer.min_count or add text",
-                                min_count, documents.size()));
+                                min_count, documents));
   std::vector<char32_t> chars;
   chars.reserve(ranked.size());
   for (const auto& r : ranked) chars.push_back(r.second);
   return std::make_shared<CharTokenizer>(std::move(chars));
+}
+
+void check_max_vocab(int64_t max_vocab) {
+  if (max_vocab > 0 && max_vocab <= kNumSpecialIds)
+    throw ConfigError(fmt::format("data.tokenizer.max_vocab = {} leaves no room for characters "
+                                  "after the {} specials; use 0 (no limit) or a value > {}",
+                                  max_vocab, kNumSpecialIds, kNumSpecialIds));
+}
+
+// Streaming training: code point counts per worker, merged at the end (addition commutes, so
+// the result does not depend on which worker saw which document).
+class CharTrainer : public TokenizerTrainer {
+ public:
+  CharTrainer(int64_t min_count, int64_t max_vocab, int threads)
+      : min_count_(min_count), max_vocab_(max_vocab), partial_(size_t(std::max(1, threads))),
+        docs_(size_t(std::max(1, threads)), 0) {
+    check_max_vocab(max_vocab);
+  }
+  void add(int worker, std::string_view document) override {
+    partial_.at(size_t(worker)).count(document);
+    ++docs_[size_t(worker)];
+  }
+  bool supports_merge() const override { return true; }
+  // Every rank sends its non-zero counts; every rank sums all of them.
+  void merge(PrepareGroup& group) override {
+    sum_workers();
+    std::string mine;
+    put_u64(mine, uint64_t(docs_[0]));
+    const Counts& c = partial_[0];
+    auto put = [&](char32_t cp, int64_t n) {
+      put_u64(mine, cp);
+      put_u64(mine, uint64_t(n));
+    };
+    for (char32_t cp = 0; cp < kBmpEnd; ++cp)
+      if (c.bmp[cp] != 0) put(cp, c.bmp[cp]);
+    for (const auto& kv : c.astral) put(kv.first, kv.second);
+    Counts total;
+    int64_t docs = 0;
+    for (const auto& part : group.all_gather(mine)) {
+      WireReader in(part);
+      docs += int64_t(in.u64());
+      while (!in.done()) {
+        const auto cp = char32_t(in.u64());
+        const auto n = int64_t(in.u64());
+        if (cp < kBmpEnd)
+          total.bmp[cp] += n;
+        else
+          total.astral[cp] += n;
+      }
+    }
+    partial_[0] = std::move(total);
+    docs_[0] = docs;
+  }
+  std::shared_ptr<Tokenizer> finish() override {
+    sum_workers();
+    return from_counts(partial_[0], min_count_, max_vocab_, docs_[0]);
+  }
+
+ private:
+  // Adds every worker's counts into worker 0's.
+  void sum_workers() {
+    Counts& total = partial_[0];
+    for (size_t w = 1; w < partial_.size(); ++w) {
+      for (char32_t cp = 0; cp < kBmpEnd; ++cp) total.bmp[cp] += partial_[w].bmp[cp];
+      for (const auto& kv : partial_[w].astral) total.astral[kv.first] += kv.second;
+      docs_[0] += docs_[w];
+      partial_[w] = Counts();
+      docs_[w] = 0;
+    }
+  }
+
+  int64_t min_count_, max_vocab_;
+  std::vector<Counts> partial_;
+  std::vector<int64_t> docs_;
+};
+
+}  // namespace
+
+std::shared_ptr<CharTokenizer> CharTokenizer::train(const std::vector<std::string>& documents,
+                                                    int64_t min_count, int64_t max_vocab,
+                                                    int threads) {
+  const int n_workers = std::max(1, std::min<int>(threads, int(documents.size())));
+  CharTrainer trainer(min_count, max_vocab, n_workers);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < n_workers; ++w) {
+    workers.emplace_back([&, w] {
+      for (size_t i = size_t(w); i < documents.size(); i += size_t(n_workers))
+        trainer.add(w, documents[i]);
+    });
+  }
+  for (auto& t : workers) t.join();
+  return std::static_pointer_cast<CharTokenizer>(trainer.finish());
 }
 
 std::shared_ptr<CharTokenizer> CharTokenizer::from_payload(const std::string& payload,
@@ -176,9 +251,9 @@ void CharTokenizer::save(const std::string& path) const {
 }
 
 void register_char_tokenizer() {
-  tokenizer_registry().add("char", [](const TokenizerConfig& c,
-                                      const std::vector<std::string>& docs, int threads) {
-    return std::shared_ptr<Tokenizer>(CharTokenizer::train(docs, c.min_count, c.max_vocab, threads));
+  tokenizer_registry().add("char", [](const TokenizerConfig& c, int threads) {
+    return std::shared_ptr<TokenizerTrainer>(
+        std::make_shared<CharTrainer>(c.min_count, c.max_vocab, threads));
   });
   tokenizer_loader_registry().add("char", [](const std::string& payload, const std::string& path) {
     return std::shared_ptr<Tokenizer>(CharTokenizer::from_payload(payload, path));

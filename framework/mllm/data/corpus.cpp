@@ -1,30 +1,33 @@
-// Corpus file discovery (glob) and parsing of .txt / .jsonl documents with UTF-8 checks.
+// Corpus file discovery (glob), the streaming reader, and parsing of .txt / .jsonl documents
+// with UTF-8 checks: simdjson parses and validates every line; a line it rejects (or that has
+// the text field twice) is parsed again by nlohmann-json, whose verdict and message count.
 #include "mllm/data/corpus.h"
 
 #include <fmt/format.h>
 #include <glob.h>
+#include <simdjson.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
-#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-#include <atomic>
-#include <algorithm>
 
 #include "mllm/core/error.h"
-#include "mllm/data/atomic_file.h"
 #include "mllm/data/hash.h"
+#include "mllm/data/input_file.h"
 #include "mllm/data/utf8.h"
 
 namespace mllm {
 namespace {
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
-
-std::string extension_of(const std::string& path) {
-  return std::filesystem::path(path).extension().string();
-}
 
 bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\v\f") == std::string_view::npos;
@@ -55,6 +58,7 @@ std::string hex_bytes(std::string_view s, size_t pos, size_t n) {
 // The line, validated or repaired per data.invalid_utf8.
 std::string checked_utf8(std::string_view line, const std::string& path, int64_t number,
                          const DataConfig& cfg) {
+  if (simdjson::validate_utf8(line.data(), line.size())) return std::string(line);
   const size_t bad = utf8_find_invalid(line);
   if (bad == std::string_view::npos) return std::string(line);
   if (cfg.invalid_utf8 == "replace") return utf8_replace_invalid(line);
@@ -63,10 +67,37 @@ std::string checked_utf8(std::string_view line, const std::string& path, int64_t
                               path, number, bad + 1, hex_bytes(line, bad, 4)));
 }
 
+// The text field of a JSON-lines line through simdjson, which validates the JSON and its
+// UTF-8. False when simdjson rejects the line, it is not an object, the field is missing, not a
+// string or present twice: the caller then takes nlohmann-json's reading (and error message).
+// `line` must be followed by simdjson::SIMDJSON_PADDING readable bytes.
+bool fast_text_field(simdjson::dom::parser& parser, std::string_view line,
+                     const std::string& field, std::string& text) {
+  simdjson::dom::element doc;
+  if (parser.parse(line.data(), line.size(), /*realloc_if_needed=*/false).get(doc)) return false;
+  simdjson::dom::object obj;
+  if (doc.get_object().get(obj)) return false;
+  int matches = 0;
+  std::string_view value;
+  for (auto kv : obj) {
+    if (kv.key != field) continue;
+    if (++matches > 1 || kv.value.get_string().get(value)) return false;
+  }
+  if (matches != 1) return false;
+  text.assign(value.data(), value.size());
+  return true;
+}
+
 void parse_jsonl_chunk(std::string_view bytes, int64_t first_line, const std::string& path,
                        const DataConfig& cfg, std::vector<std::string>& docs) {
+  thread_local simdjson::dom::parser parser;
   for_each_line(bytes, first_line, [&](std::string_view raw, int64_t number) {
     if (is_blank(raw)) return;
+    std::string fast;
+    if (fast_text_field(parser, raw, cfg.text_field, fast)) {
+      if (!is_blank(fast)) docs.push_back(std::move(fast));
+      return;
+    }
     const std::string line = checked_utf8(raw, path, number, cfg);
     nlohmann::json j;
     try {
@@ -96,59 +127,8 @@ void parse_jsonl_chunk(std::string_view bytes, int64_t first_line, const std::st
   });
 }
 
-// JSON parsing dominates reading, so a .jsonl file is cut at line boundaries into chunks parsed
-// by `threads` workers. Documents keep file order, and the error reported is the first in the
-// file, whatever the thread count.
-void read_jsonl(std::string_view bytes, const std::string& path, const DataConfig& cfg,
-                int threads, std::vector<std::string>& docs) {
-  if (bytes.size() >= 3 && bytes.substr(0, 3) == "\xEF\xBB\xBF") bytes.remove_prefix(3);
-  constexpr size_t kMinChunkBytes = size_t(1) << 20;
-  const size_t n_chunks = std::max<size_t>(
-      1, std::min<size_t>(size_t(threads) * 4, bytes.size() / kMinChunkBytes));
-  struct Chunk {
-    std::string_view bytes;
-    int64_t first_line = 1;
-    std::vector<std::string> docs;
-    std::exception_ptr error;
-  };
-  std::vector<Chunk> chunks;
-  size_t start = 0;
-  int64_t line = 1;
-  for (size_t c = 0; c < n_chunks && start < bytes.size(); ++c) {
-    size_t end = c + 1 == n_chunks ? bytes.size() : (bytes.size() * (c + 1)) / n_chunks;
-    if (end < start) end = start;
-    end = bytes.find('\n', end);
-    end = end == std::string_view::npos ? bytes.size() : end + 1;
-    Chunk ch;
-    ch.bytes = bytes.substr(start, end - start);
-    ch.first_line = line;
-    line += std::count(ch.bytes.begin(), ch.bytes.end(), '\n');
-    chunks.push_back(std::move(ch));
-    start = end;
-  }
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t c; (c = next.fetch_add(1)) < chunks.size();) {
-      try {
-        parse_jsonl_chunk(chunks[c].bytes, chunks[c].first_line, path, cfg, chunks[c].docs);
-      } catch (...) {
-        chunks[c].error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min<int>(threads, int(chunks.size())); ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  for (auto& ch : chunks) {
-    if (ch.error) std::rethrow_exception(ch.error);
-    docs.insert(docs.end(), std::make_move_iterator(ch.docs.begin()),
-                std::make_move_iterator(ch.docs.end()));
-  }
-}
-
-void read_txt(std::string_view bytes, const std::string& path, const DataConfig& cfg,
-              std::vector<std::string>& docs) {
+void parse_txt_chunk(std::string_view bytes, int64_t first_line, const std::string& path,
+                     const DataConfig& cfg, std::vector<std::string>& docs) {
   const bool by_line = cfg.doc_separator == "line";
   std::string current;
   bool open = false;
@@ -157,8 +137,7 @@ void read_txt(std::string_view bytes, const std::string& path, const DataConfig&
     current.clear();
     open = false;
   };
-  if (bytes.size() >= 3 && bytes.substr(0, 3) == "\xEF\xBB\xBF") bytes.remove_prefix(3);
-  for_each_line(bytes, 1, [&](std::string_view raw, int64_t number) {
+  for_each_line(bytes, first_line, [&](std::string_view raw, int64_t number) {
     if (is_blank(raw)) {
       if (!by_line) close_doc();
       return;
@@ -175,7 +154,375 @@ void read_txt(std::string_view bytes, const std::string& path, const DataConfig&
   close_doc();
 }
 
+// Where to cut `buf` so that the piece before holds whole documents: after a '\n' (for
+// doc_separator=blank_line, after a '\n' that ends a blank line). The last such place at or
+// before `limit`, else the first one after it; 0 when there is none yet.
+size_t cut_point(const std::string& buf, size_t limit, bool blank_line_docs) {
+  constexpr size_t npos = std::string::npos;
+  auto ends_document = [&](size_t nl) {
+    if (!blank_line_docs) return true;
+    const size_t prev = nl == 0 ? npos : buf.rfind('\n', nl - 1);
+    const size_t start = prev == npos ? 0 : prev + 1;
+    std::string_view line(buf.data() + start, nl - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    return is_blank(line);
+  };
+  const size_t pos = std::min(limit, buf.size());
+  for (size_t nl = pos ? buf.rfind('\n', pos - 1) : npos; nl != npos;
+       nl = nl ? buf.rfind('\n', nl - 1) : npos)
+    if (ends_document(nl)) return nl + 1;
+  for (size_t nl = buf.find('\n', pos); nl != npos; nl = buf.find('\n', nl + 1))
+    if (ends_document(nl)) return nl + 1;
+  return 0;
+}
+
+// The pieces of one stream_corpus() call between the reader, the workers and the consumer.
+class Pipeline {
+ public:
+  Pipeline(size_t max_pieces) : max_pieces_(max_pieces) {}
+
+  // Reader side: waits for room, then queues the piece. False when the stream was stopped.
+  bool push(std::unique_ptr<CorpusChunk> c) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || live_ < max_pieces_; });
+    if (stop_) return false;
+    ++live_;
+    todo_.push_back(std::move(c));
+    cv_.notify_all();
+    return true;
+  }
+  void reader_finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reader_done_ = true;
+    cv_.notify_all();
+  }
+  // Worker side: the next piece to parse, or null when there is none and will be none.
+  std::unique_ptr<CorpusChunk> take() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || !todo_.empty() || reader_done_; });
+    if (stop_ || todo_.empty()) return nullptr;
+    auto c = std::move(todo_.front());
+    todo_.pop_front();
+    return c;
+  }
+  void finished(std::unique_ptr<CorpusChunk> c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t i = c->index;
+    done_.emplace(i, std::move(c));
+    cv_.notify_all();
+  }
+  // Consumer side: piece `index` once processed; null at the end of the stream.
+  std::unique_ptr<CorpusChunk> next(int64_t index) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      return stop_ || done_.count(index) || (reader_done_ && live_ == 0);
+    });
+    auto it = done_.find(index);
+    if (it == done_.end()) return nullptr;
+    auto c = std::move(it->second);
+    done_.erase(it);
+    return c;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --live_;
+    cv_.notify_all();
+  }
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  bool stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
+
+ private:
+  const size_t max_pieces_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<CorpusChunk>> todo_;
+  std::map<int64_t, std::unique_ptr<CorpusChunk>> done_;
+  size_t live_ = 0;  // pieces queued, being parsed, or waiting for the consumer
+  bool reader_done_ = false;
+  bool stop_ = false;
+};
+
+// The reader thread: decompresses each segment's parts and cuts them into pieces; every segment
+// gets at least one piece, its last one flagged.
+void read_pieces(const std::vector<std::string>& files, const std::vector<CorpusSegment>& segments,
+                 const std::vector<CorpusFileKind>& kinds, bool blank_line_docs,
+                 size_t chunk_bytes, Pipeline& pipe, std::vector<int64_t>& disk_bytes) {
+  constexpr size_t kRead = size_t(1) << 20;
+  int64_t index = 0;
+  int64_t segment = segments.empty() ? 0 : segments.front().index;  // being read
+  std::unique_ptr<CorpusChunk> held;  // the latest piece, sent once we know whether it is last
+  auto send_held = [&](bool last) {
+    if (!held) return true;
+    held->last_of_segment = last;
+    return pipe.push(std::move(held));
+  };
+  auto emit = [&](const CorpusSegment& seg, const SegmentPart& part, int64_t first_line,
+                  std::string bytes) {
+    if (!send_held(false)) return false;
+    auto c = std::make_unique<CorpusChunk>();
+    c->index = index++;
+    c->segment = seg.index;
+    c->file = part.file;
+    c->part_begin = part.begin;
+    c->first_line = first_line;
+    c->text_bytes = int64_t(bytes.size());
+    c->bytes = std::move(bytes);
+    c->bytes.append(simdjson::SIMDJSON_PADDING, ' ');  // the JSON parser reads past the end
+    held = std::move(c);
+    return true;
+  };
+  try {
+    for (const auto& seg : segments) {
+      segment = seg.index;
+      bool any = false;
+      for (const auto& part : seg.parts) {
+        const std::string& path = files[part.file];
+        auto src = kinds[part.file].compression.empty() ? open_raw_range(path, part.begin, part.end)
+                                                         : open_corpus_file(path);
+        std::string buf;
+        int64_t line = 1;
+        bool at_start = part.begin == 0;
+        for (bool eof = false; !eof;) {
+          const size_t old = buf.size();
+          buf.resize(old + kRead);
+          const size_t got = src->read(buf.data() + old, kRead);
+          buf.resize(old + got);
+          eof = got == 0;
+          if (at_start && (buf.size() >= 3 || eof)) {  // a UTF-8 byte order mark is not text
+            if (buf.compare(0, 3, "\xEF\xBB\xBF") == 0) buf.erase(0, 3);
+            at_start = false;
+          }
+          while (!buf.empty()) {
+            size_t cut = eof ? buf.size() : 0;
+            if (!eof && buf.size() >= chunk_bytes) cut = cut_point(buf, chunk_bytes, blank_line_docs);
+            if (cut == 0) break;
+            std::string piece = buf.substr(0, cut);
+            buf.erase(0, cut);
+            const int64_t first = line;
+            line += std::count(piece.begin(), piece.end(), '\n');
+            if (!emit(seg, part, first, std::move(piece))) return;
+            any = true;
+          }
+          if (pipe.stopped()) return;
+        }
+        disk_bytes[part.file] += src->disk_bytes();
+      }
+      if (!any && !emit(seg, seg.parts.front(), 1, std::string())) return;  // an empty segment
+      if (!send_held(true)) return;
+    }
+  } catch (...) {
+    if (!send_held(false)) return;
+    auto c = std::make_unique<CorpusChunk>();
+    c->index = index++;
+    c->segment = segment;
+    c->error = std::current_exception();
+    pipe.push(std::move(c));
+  }
+  pipe.reader_finished();
+}
+
+// Splits bytes of a piece into documents; first_line is the absolute line number.
+void parse_piece(std::string_view text, int64_t first_line, const std::string& path,
+                 const CorpusFileKind& kind, const DataConfig& cfg, std::vector<std::string>& docs) {
+  if (kind.format == "jsonl")
+    parse_jsonl_chunk(text, first_line, path, cfg, docs);
+  else
+    parse_txt_chunk(text, first_line, path, cfg, docs);
+}
+
+// The next document start at or after `from` in a plain file: a line start (for blank_line
+// documents, a line start right after a blank line); the file size when there is none.
+int64_t next_document_start(FileBytes& f, int64_t from, bool blank_line_docs) {
+  auto line_start_from = [&](int64_t p) {  // smallest line start >= p
+    if (p <= 0) return int64_t(0);
+    if (p >= f.size()) return f.size();
+    if (f.at(p - 1) == '\n') return p;
+    const int64_t nl = f.find('\n', p);
+    return nl >= f.size() ? f.size() : nl + 1;
+  };
+  int64_t p = line_start_from(from);
+  if (!blank_line_docs) return p;
+  while (p > 0 && p < f.size()) {
+    // Is the line that ends at p - 1 ('\n') blank? Walk back over one '\r' and blanks.
+    int64_t q = p - 2;
+    if (q >= 0 && f.at(q) == '\r') --q;
+    while (q >= 0) {
+      const char c = f.at(q);
+      if (c != ' ' && c != '\t' && c != '\v' && c != '\f') break;
+      --q;
+    }
+    if (q < 0 || f.at(q) == '\n') return p;
+    p = line_start_from(p + 1);
+  }
+  return p;
+}
+
 }  // namespace
+
+std::string CorpusSegment::id() const {
+  Fnv1a64 h;
+  h.update_u64(uint64_t(index));
+  h.update_u64(parts.size());
+  for (const auto& p : parts) {
+    h.update_u64(p.file);
+    h.update_u64(uint64_t(p.begin));
+    h.update_u64(uint64_t(p.end));
+  }
+  return fmt::format("{:016x}", h.value());
+}
+
+std::vector<CorpusSegment> whole_file_segments(const std::vector<std::string>& files) {
+  std::vector<CorpusSegment> out;
+  for (size_t f = 0; f < files.size(); ++f) {
+    CorpusSegment s;
+    s.index = int64_t(f);
+    s.parts.push_back({f, 0, -1});
+    std::error_code ec;
+    s.disk_bytes = int64_t(std::filesystem::file_size(files[f], ec));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<CorpusSegment> plan_segments(const std::vector<std::string>& files,
+                                         const DataConfig& cfg, int64_t segment_bytes) {
+  segment_bytes = std::max<int64_t>(1, segment_bytes);
+  const bool blank_line_docs = cfg.doc_separator == "blank_line";
+  std::vector<CorpusSegment> out;
+  CorpusSegment group;  // small whole files being gathered
+  auto close_group = [&] {
+    if (group.parts.empty()) return;
+    group.index = int64_t(out.size());
+    out.push_back(std::move(group));
+    group = CorpusSegment();
+  };
+  for (size_t f = 0; f < files.size(); ++f) {
+    FileBytes bytes(files[f]);
+    const int64_t size = bytes.size();
+    if (size <= segment_bytes) {
+      if (group.disk_bytes + size > segment_bytes) close_group();
+      group.parts.push_back({f, 0, -1});
+      group.disk_bytes += size;
+      continue;
+    }
+    close_group();
+    if (!corpus_file_kind(files[f]).compression.empty()) {  // a stream: read whole
+      CorpusSegment s;
+      s.index = int64_t(out.size());
+      s.parts.push_back({f, 0, -1});
+      s.disk_bytes = size;
+      out.push_back(std::move(s));
+      continue;
+    }
+    int64_t begin = 0;
+    while (begin < size) {
+      const int64_t end =
+          begin + segment_bytes >= size
+              ? size
+              : std::max(begin + 1, next_document_start(bytes, begin + segment_bytes, blank_line_docs));
+      CorpusSegment s;
+      s.index = int64_t(out.size());
+      s.parts.push_back({f, begin, end == size ? -1 : end});
+      s.disk_bytes = end - begin;
+      out.push_back(std::move(s));
+      begin = end;
+    }
+  }
+  close_group();
+  return out;
+}
+
+CorpusStreamStats stream_segments(const std::vector<std::string>& files,
+                                  const std::vector<CorpusSegment>& segments,
+                                  const DataConfig& cfg, int threads, int64_t chunk_bytes,
+                                  const ChunkWork& work, const ChunkDone& done,
+                                  int64_t* failed_segment) {
+  threads = std::max(1, threads);
+  if (failed_segment) *failed_segment = -1;
+  std::vector<CorpusFileKind> kinds;
+  for (const auto& f : files) kinds.push_back(corpus_file_kind(f));
+  const bool blank_line_docs = cfg.doc_separator == "blank_line";
+  Pipeline pipe(size_t(2 * threads + 2));
+  CorpusStreamStats st;
+  std::vector<int64_t> disk_bytes(files.size(), 0);
+
+  auto worker = [&](int w) {
+    while (auto c = pipe.take()) {
+      if (!c->error) {
+        try {
+          const std::string_view text(c->bytes.data(), size_t(c->text_bytes));
+          const std::string& path = files[c->file];
+          try {
+            parse_piece(text, c->first_line, path, kinds[c->file], cfg, c->docs);
+          } catch (const DataError&) {
+            if (c->part_begin == 0) throw;
+            // A part that starts inside its file counts lines from its own start: count the
+            // lines before it (only now, on the error path) and parse again for the message.
+            FileBytes f(path);
+            c->docs.clear();
+            parse_piece(text, c->first_line + f.count('\n', c->part_begin), path,
+                        kinds[c->file], cfg, c->docs);
+            throw;
+          }
+          std::string().swap(c->bytes);
+          work(w, *c);
+        } catch (...) {
+          c->error = std::current_exception();
+        }
+      }
+      pipe.finished(std::move(c));
+    }
+  };
+  std::thread reader([&] {
+    read_pieces(files, segments, kinds, blank_line_docs,
+                size_t(std::max<int64_t>(1, chunk_bytes)), pipe, disk_bytes);
+  });
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w) pool.emplace_back(worker, w);
+  struct Join {  // stops and joins the threads however this function is left
+    Pipeline& pipe;
+    std::thread& reader;
+    std::vector<std::thread>& pool;
+    ~Join() {
+      pipe.stop();
+      reader.join();
+      for (auto& t : pool) t.join();
+    }
+  } join{pipe, reader, pool};
+
+  for (int64_t i = 0;; ++i) {
+    auto c = pipe.next(i);
+    if (!c) break;
+    if (failed_segment) *failed_segment = c->segment;
+    if (c->error) std::rethrow_exception(c->error);
+    st.text_bytes += c->text_bytes;
+    st.documents += int64_t(c->docs.size());
+    ++st.chunks;
+    done(*c);
+    c.reset();
+    pipe.release();
+  }
+  if (failed_segment) *failed_segment = -1;
+  std::set<size_t> used;
+  for (const auto& seg : segments)
+    for (const auto& p : seg.parts) used.insert(p.file);
+  st.files = int64_t(used.size());
+  for (int64_t b : disk_bytes) st.disk_bytes += b;
+  return st;
+}
+
+CorpusStreamStats stream_corpus(const std::vector<std::string>& files, const DataConfig& cfg,
+                                int threads, int64_t chunk_bytes, const ChunkWork& work,
+                                const ChunkDone& done) {
+  return stream_segments(files, whole_file_segments(files), cfg, threads, chunk_bytes, work, done);
+}
 
 std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns) {
   if (patterns.empty())
@@ -205,11 +552,7 @@ std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& pa
         throw DataError(fmt::format("data.corpus file '{}' does not exist or is not a regular "
                                     "file (working directory '{}')",
                                     f, std::filesystem::current_path().string()));
-      const std::string ext = extension_of(f);
-      if (ext != ".txt" && ext != ".jsonl")
-        throw DataError(fmt::format("data.corpus file '{}' has extension '{}'; mllm reads .txt "
-                                    "(plain text) and .jsonl (one JSON object per line)",
-                                    f, ext));
+      corpus_file_kind(f);  // throws for a name mllm cannot read
       if (seen.insert(f).second) files.push_back(f);
     }
   }
@@ -218,13 +561,14 @@ std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& pa
 
 std::vector<std::string> read_corpus_file(const std::string& path, const DataConfig& cfg,
                                           int64_t* bytes_read, int threads) {
-  const std::string bytes = read_file_bytes(path);
-  if (bytes_read) *bytes_read += int64_t(bytes.size());
   std::vector<std::string> docs;
-  if (extension_of(path) == ".jsonl")
-    read_jsonl(bytes, path, cfg, std::max(1, threads), docs);
-  else
-    read_txt(bytes, path, cfg, docs);
+  const auto st = stream_corpus(
+      {path}, cfg, threads, int64_t(8) << 20, [](int, CorpusChunk&) {},
+      [&](CorpusChunk& c) {
+        docs.insert(docs.end(), std::make_move_iterator(c.docs.begin()),
+                    std::make_move_iterator(c.docs.end()));
+      });
+  if (bytes_read) *bytes_read += st.disk_bytes;
   return docs;
 }
 
@@ -243,15 +587,32 @@ std::vector<std::string> read_corpus(const DataConfig& cfg, int64_t* bytes_read,
   return docs;
 }
 
-uint64_t corpus_content_hash(const std::vector<std::string>& files) {
+FileContentHash file_content_hash(const std::string& path) {
+  const auto in = open_raw_file(path);
+  std::string buf(size_t(1) << 20, '\0');
+  ContentHash64 content;
+  uint64_t size = 0;
+  for (size_t got; (got = in->read(buf.data(), buf.size())) > 0;) {
+    content.update(std::string_view(buf.data(), got));
+    size += got;
+  }
+  return {size, content.value()};
+}
+
+uint64_t combine_content_hashes(const std::vector<FileContentHash>& files) {
   Fnv1a64 h;
   h.update_u64(files.size());
   for (const auto& f : files) {
-    const std::string bytes = read_file_bytes(f);
-    h.update_u64(bytes.size());
-    h.update_u64(content_hash64(bytes));
+    h.update_u64(f.size);
+    h.update_u64(f.hash);
   }
   return h.value();
+}
+
+uint64_t corpus_content_hash(const std::vector<std::string>& files) {
+  std::vector<FileContentHash> parts;
+  for (const auto& f : files) parts.push_back(file_content_hash(f));
+  return combine_content_hashes(parts);
 }
 
 }  // namespace mllm

@@ -1,27 +1,75 @@
-// TokenDataset: packed windows / padded documents read from an mmap'ed shard.
+// TokenDataset: packed windows / padded documents read from mmap'ed shards as one stream.
 #include "mllm/data/dataset.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "mllm/core/error.h"
 #include "mllm/data/tokenizer.h"
 
 namespace mllm {
 
-TokenDataset::TokenDataset(const std::string& shard_path, const std::string& mode,
+TokenDataset::TokenDataset(const std::vector<std::string>& shard_paths, const std::string& mode,
                            int64_t seq_len)
     : mode_(mode), seq_len_(seq_len) {
   if (mode != "packed" && mode != "document")
     throw ConfigError(fmt::format("data.mode '{}' is not one of packed, document", mode));
   if (seq_len < 1) throw ConfigError(fmt::format("data.seq_len must be >= 1, got {}", seq_len));
-  shard_ = std::make_shared<const ShardReader>(shard_path);
+  if (shard_paths.empty()) throw DataError("token dataset: no shard given; re-run mllm-prepare");
+  token_starts_.push_back(0);
+  doc_starts_.push_back(0);
+  for (const auto& p : shard_paths) {
+    auto shard = std::make_shared<const ShardReader>(p);
+    if (!shards_.empty()) {
+      const auto& a = shards_[0]->header();
+      const auto& b = shard->header();
+      if (a.tokenizer_fingerprint != b.tokenizer_fingerprint || a.vocab_size != b.vocab_size)
+        throw DataError(fmt::format(
+            "shards '{}' (tokenizer {}, vocab {}) and '{}' (tokenizer {}, vocab {}) were made by "
+            "different tokenizers; re-run mllm-prepare",
+            shards_[0]->path(), fingerprint_hex(a.tokenizer_fingerprint), a.vocab_size,
+            shard->path(), fingerprint_hex(b.tokenizer_fingerprint), b.vocab_size));
+    }
+    token_starts_.push_back(token_starts_.back() + shard->token_count());
+    doc_starts_.push_back(doc_starts_.back() + shard->doc_count());
+    shards_.push_back(std::move(shard));
+  }
   packed_ = mode == "packed";
-  size_ = packed_ ? std::max<int64_t>(0, (shard_->token_count() - 1) / seq_len)
-                  : shard_->doc_count();
+  size_ = packed_ ? std::max<int64_t>(0, (token_count() - 1) / seq_len) : doc_count();
+}
+
+std::string TokenDataset::path() const {
+  if (shards_.size() == 1) return shards_[0]->path();
+  return fmt::format("{} (+{} more)", shards_[0]->path(), shards_.size() - 1);
 }
 
 void TokenDataset::check_tokenizer(const Tokenizer& tokenizer) const {
-  check_shard_tokenizer(shard_->header(), shard_->path(), tokenizer);
+  check_shard_tokenizer(shards_[0]->header(), shards_[0]->path(), tokenizer);
+}
+
+void TokenDataset::read_stream(int64_t begin, int64_t n, int64_t* out) const {
+  // The shard holding `begin`: the last start <= begin (empty shards are skipped over).
+  size_t s = size_t(std::upper_bound(token_starts_.begin(), token_starts_.end(), begin) -
+                    token_starts_.begin()) - 1;
+  while (n > 0) {
+    const int64_t local = begin - token_starts_[s];
+    const int64_t take = std::min(n, shards_[s]->token_count() - local);
+    if (take > 0) {
+      shards_[s]->read_tokens(local, take, out);
+      out += take;
+      begin += take;
+      n -= take;
+    }
+    ++s;
+  }
+}
+
+int64_t TokenDataset::doc_offset(int64_t d) const {
+  if (d == doc_count()) return token_count();
+  const size_t s = size_t(std::upper_bound(doc_starts_.begin(), doc_starts_.end(), d) -
+                          doc_starts_.begin()) - 1;
+  return token_starts_[s] + shards_[s]->doc_offset(d - doc_starts_[s]);
 }
 
 Batch TokenDataset::get(const std::vector<int64_t>& indices) const {
@@ -36,13 +84,14 @@ Batch TokenDataset::get(const std::vector<int64_t>& indices) const {
     const int64_t i = indices[size_t(r)];
     if (i < 0 || i >= size_)
       throw Error(fmt::format("sequence index {} is outside [0, {}) of '{}' ({} mode, seq_len {})",
-                              i, size_, shard_->path(), mode_, seq_len_));
+                              i, size_, path(), mode_, seq_len_));
     if (packed_) {
-      shard_->read_tokens(i * seq_len_, w, window.data());
+      read_stream(i * seq_len_, w, window.data());
     } else {
-      const int64_t begin = shard_->doc_offset(i);
-      const int64_t n = std::min(w, shard_->doc_offset(i + 1) - begin);
-      shard_->read_tokens(begin, n, window.data());
+      // A document never spans shards (mllm-prepare keeps documents whole).
+      const int64_t begin = doc_offset(i);
+      const int64_t n = std::min(w, doc_offset(i + 1) - begin);
+      read_stream(begin, n, window.data());
       std::fill(window.begin() + n, window.end(), int64_t(kPadId));
     }
     std::copy(window.begin(), window.end() - 1, in + r * seq_len_);

@@ -35,18 +35,45 @@ class Fnv1a64 {
 // Fast content hash for large inputs (the corpus check reads every corpus file on each start):
 // FNV-1a 64 applied to 8-byte little-endian words instead of bytes (8x fewer multiplies), the
 // tail bytewise, then the splitmix64 finaliser. Not FNV-1a; stable across platforms.
-inline uint64_t content_hash64(std::string_view bytes) {
-  uint64_t h = kFnv1a64Offset;
-  size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    uint64_t w = 0;
-    for (int b = 0; b < 8; ++b) w |= uint64_t(static_cast<unsigned char>(bytes[i + b])) << (8 * b);
-    h = (h ^ w) * kFnv1a64Prime;
+// Incremental: any split of the input into update() calls gives the same value().
+class ContentHash64 {
+ public:
+  void update(std::string_view bytes) {
+    size_t i = 0;
+    while (pending_n_ > 0 && pending_n_ < 8 && i < bytes.size())
+      pending_ |= uint64_t(static_cast<unsigned char>(bytes[i++])) << (8 * pending_n_++);
+    if (pending_n_ == 8) {
+      h_ = (h_ ^ pending_) * kFnv1a64Prime;
+      pending_ = 0;
+      pending_n_ = 0;
+    }
+    for (; i + 8 <= bytes.size(); i += 8) {
+      uint64_t w = 0;
+      for (int b = 0; b < 8; ++b)
+        w |= uint64_t(static_cast<unsigned char>(bytes[i + b])) << (8 * b);
+      h_ = (h_ ^ w) * kFnv1a64Prime;
+    }
+    for (; i < bytes.size(); ++i)
+      pending_ |= uint64_t(static_cast<unsigned char>(bytes[i])) << (8 * pending_n_++);
   }
-  for (; i < bytes.size(); ++i) h = (h ^ static_cast<unsigned char>(bytes[i])) * kFnv1a64Prime;
-  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-  return h ^ (h >> 31);
+  uint64_t value() const {
+    uint64_t h = h_;
+    for (int b = 0; b < pending_n_; ++b) h = (h ^ ((pending_ >> (8 * b)) & 0xFF)) * kFnv1a64Prime;
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    return h ^ (h >> 31);
+  }
+
+ private:
+  uint64_t h_ = kFnv1a64Offset;
+  uint64_t pending_ = 0;  // bytes of an incomplete 8-byte word, little-endian
+  int pending_n_ = 0;
+};
+
+inline uint64_t content_hash64(std::string_view bytes) {
+  ContentHash64 h;
+  h.update(bytes);
+  return h.value();
 }
 
 // FNV-1a 64 of raw bytes (no length prefix): fnv1a64("") == kFnv1a64Offset,

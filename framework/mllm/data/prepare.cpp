@@ -5,18 +5,27 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "mllm/core/error.h"
+#include "mllm/core/fault.h"
+#include "mllm/core/logging.h"
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/corpus.h"
 #include "mllm/data/hash.h"
@@ -31,8 +40,12 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kManifestFormat = "mllm-data-cache";
-constexpr int kManifestVersion = 1;
-constexpr size_t kDocsPerBlock = 256;  // encoding work unit
+constexpr int kManifestVersion = 2;  // 1: one train.bin/val.bin in cache_dir itself
+constexpr const char* kSplitFormat = "mllm-prepare-split";
+constexpr int kSplitVersion = 1;
+// What the process needs besides the pieces in flight (libmllm + LibTorch loaded, tokenizer,
+// shard writer offsets): subtracted from the budget before sizing pieces.
+constexpr int64_t kBaseBytes = int64_t(256) << 20;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -90,238 +103,815 @@ class ProgressBar {
   bool stop_ = false;
 };
 
-struct EncodedBlock {
-  std::vector<int32_t> ids;
-  std::vector<size_t> lengths;  // tokens per document
-};
 
-// Encodes `docs` with `threads` workers (blocks of kDocsPerBlock documents taken in turn) and
-// writes them in document order, so the shard does not depend on the thread count.
-ShardHeader encode_to_shard(const std::vector<std::string>& docs, const Tokenizer& tok,
-                            const std::string& path, int threads, bool show_progress,
-                            const std::string& label) {
-  const size_t n_blocks = (docs.size() + kDocsPerBlock - 1) / kDocsPerBlock;
-  std::vector<EncodedBlock> blocks(n_blocks);
-  int64_t total_bytes = 0;
-  for (const auto& d : docs) total_bytes += int64_t(d.size());
-  ProgressBar bar(label, total_bytes, show_progress);
-  std::atomic<size_t> next{0};
-  std::mutex err_mu;
-  std::exception_ptr error;
-  auto worker = [&] {
-    try {
-      for (size_t b; (b = next.fetch_add(1)) < n_blocks;) {
-        EncodedBlock& out = blocks[b];
-        const size_t end = std::min(docs.size(), (b + 1) * kDocsPerBlock);
-        for (size_t i = b * kDocsPerBlock; i < end; ++i) {
-          auto ids = tok.encode(docs[i]);
-          out.lengths.push_back(ids.size());
-          out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-          bar.add(int64_t(docs[i].size()));
-        }
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(err_mu);
-      if (!error) error = std::current_exception();
-      next = n_blocks;  // stop the others
-    }
-  };
-  const int n_workers = std::max(1, std::min<int>(threads, int(std::max<size_t>(1, n_blocks))));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n_workers; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  bar.finish();
-  if (error) std::rethrow_exception(error);
-
-  ShardWriter writer(path, tok.vocab_size(), tok.fingerprint());
-  for (const auto& blk : blocks) {
-    size_t pos = 0;
-    for (size_t len : blk.lengths) {
-      writer.add_document(blk.ids.data() + pos, len);
-      pos += len;
-    }
-  }
-  return writer.finish();
+// Splitmix64's finaliser: spreads a hash over all 64 bits.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
-nlohmann::json read_manifest(const std::string& path) {
+std::string shard_name(const char* split, size_t n) { return fmt::format("{}-{:05d}.bin", split, n); }
+
+std::string piece_path(const std::string& dir, const CorpusSegment& seg, const char* split) {
+  return (fs::path(dir) / "pieces" / fmt::format("seg-{:06d}-{}.{}.bin", seg.index, seg.id(), split))
+      .string();
+}
+
+// ---- errors and agreement between ranks ----
+
+// What one rank hit in a phase, sent to every rank so that all throw the same error (the first
+// in corpus order) instead of leaving the others waiting in the next collective.
+struct Failure {
+  int kind = 0;              // 0 none, 1 DataError, 2 ConfigError, 3 other
+  int64_t order = INT64_MAX; // segment index (corpus order) or INT64_MAX
+  std::string what;
+};
+
+Failure failure_of(std::exception_ptr e, int64_t order) {
+  Failure f;
+  f.order = order < 0 ? INT64_MAX : order;
+  try {
+    std::rethrow_exception(e);
+  } catch (const DataError& x) {
+    f.kind = 1, f.what = x.what();
+  } catch (const ConfigError& x) {
+    f.kind = 2, f.what = x.what();
+  } catch (const std::exception& x) {
+    f.kind = 3, f.what = x.what();
+  }
+  return f;
+}
+
+// All-gathers every rank's (failure, payload); throws the first failure (lowest order, then
+// rank) on every rank, else returns the payloads by rank.
+std::vector<std::string> agree(PrepareGroup& group, const Failure& mine,
+                               const std::string& payload = std::string()) {
+  std::string out;
+  put_u64(out, uint64_t(mine.kind));
+  put_u64(out, uint64_t(mine.order));
+  put_str(out, mine.what);
+  put_str(out, payload);
+  const auto all = group.all_gather(out);
+  Failure first;
+  int first_rank = -1;
+  std::vector<std::string> payloads;
+  for (size_t r = 0; r < all.size(); ++r) {
+    WireReader in(all[r]);
+    Failure f;
+    f.kind = int(in.u64());
+    f.order = int64_t(in.u64());
+    f.what = std::string(in.str());
+    payloads.emplace_back(in.str());
+    if (f.kind != 0 && (first_rank < 0 || f.order < first.order)) {
+      first = f;
+      first_rank = int(r);
+    }
+  }
+  if (first_rank >= 0) {
+    const std::string where =
+        group.size() > 1 && first_rank != group.rank() ? fmt::format(" (on rank {})", first_rank) : "";
+    if (first.kind == 1) throw DataError(first.what);
+    if (first.kind == 2) throw ConfigError(first.what);
+    throw Error(first.what + where);
+  }
+  return payloads;
+}
+
+// Runs `f` and returns what it threw (as a Failure of order `order`), or no failure.
+template <typename F>
+Failure attempt(F&& f, const int64_t* order = nullptr) {
+  try {
+    f();
+  } catch (...) {
+    return failure_of(std::current_exception(), order ? *order : -1);
+  }
+  return {};
+}
+
+// ---- cache files ----
+
+nlohmann::json read_json(const std::string& path, const char* format, int version) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return nullptr;
   try {
     auto j = nlohmann::json::parse(read_file_bytes(path));
-    if (j.is_object() && j.value("format", "") == kManifestFormat &&
-        j.value("version", 0) == kManifestVersion)
+    if (j.is_object() && j.value("format", "") == format && j.value("version", 0) == version)
       return j;
   } catch (const std::exception&) {
   }
   return nullptr;
 }
 
-// Tokenizer from the cache when the manifest says it was made from the same data; else null.
-std::shared_ptr<Tokenizer> reusable_tokenizer(const DataConfig& cfg, const std::string& fp) {
-  const auto manifest = read_manifest(manifest_path(cfg));
-  if (manifest.is_null() || manifest.value("data_fingerprint", "") != fp) return nullptr;
+nlohmann::json read_manifest(const std::string& path) {
+  return read_json(path, kManifestFormat, kManifestVersion);
+}
+
+std::vector<std::string> shard_paths(const std::string& dir, const nlohmann::json& split) {
+  std::vector<std::string> out;
+  for (const auto& s : split.at("shards")) out.push_back((fs::path(dir) / s.at("file").get<std::string>()).string());
+  return out;
+}
+
+std::string split_path(const std::string& dir) { return (fs::path(dir) / "split.json").string(); }
+
+// Tokenizer and split threshold of an earlier run of the same fingerprint (split.json is
+// written right after the tokenizer), or nothing.
+struct Reused {
+  std::shared_ptr<Tokenizer> tokenizer;
+  uint64_t threshold = 0;
+};
+Reused reusable(const std::string& dir, const std::string& fp) {
+  const auto split = read_json(split_path(dir), kSplitFormat, kSplitVersion);
+  if (split.is_null() || split.value("data_fingerprint", "") != fp) return {};
   try {
-    auto tok = load_tokenizer(prepared_paths(cfg).tokenizer_path);
-    if (fingerprint_hex(tok->fingerprint()) == manifest.value("tokenizer_fingerprint", ""))
-      return tok;
-  } catch (const Error&) {
+    auto tok = load_tokenizer((fs::path(dir) / "tokenizer.mllm").string());
+    if (fingerprint_hex(tok->fingerprint()) != split.value("tokenizer_fingerprint", "")) return {};
+    return {tok, std::stoull(split.at("val_threshold").get<std::string>(), nullptr, 16)};
+  } catch (const std::exception&) {
   }
-  return nullptr;
+  return {};
+}
+
+// A version-1 cache (train.bin / val.bin in cache_dir itself) is never read: say so once.
+void note_old_cache(const DataConfig& cfg) {
+  const auto old = fs::path(cfg.cache_dir) / "manifest.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(old, ec)) return;
+  spdlog::warn("data cache '{}' holds a cache of an earlier mllm (one train.bin / val.bin, "
+               "manifest format 1); it is not read: data is prepared into a sub-folder per data "
+               "fingerprint now. Delete {}/{{manifest.json,tokenizer.mllm,train.bin,val.bin}} to "
+               "free the space",
+               cfg.cache_dir, cfg.cache_dir);
+}
+
+// One preparation per cache folder at a time: rank 0 holds an exclusive flock on
+// <dir>/.prepare.lock (released by the kernel however the process ends). Another job waits.
+class PrepareLock {
+ public:
+  explicit PrepareLock(const std::string& dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const std::string path = (fs::path(dir) / ".prepare.lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error(fmt::format("cannot create '{}': {} (check that data.cache_dir is writable)",
+                              path, std::strerror(errno)));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    spdlog::info("data cache '{}' is being prepared by another process; waiting for it", dir);
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) throw Error(fmt::format("cannot lock '{}': {}", path, std::strerror(errno)));
+  }
+  ~PrepareLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the flock
+  }
+  PrepareLock(const PrepareLock&) = delete;
+  PrepareLock& operator=(const PrepareLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Piece size for the memory budget: (budget - base) spread over the pieces in flight, each
+// costing about 4x its bytes (raw text, documents, token ids).
+int64_t chunk_bytes_for(const DataConfig& cfg, int threads) {
+  const int64_t budget = cfg.prepare_memory_mb << 20;
+  int64_t per_piece = (budget - kBaseBytes) / (int64_t(2 * threads + 2) * 4);
+  if (cfg.tokenizer.type != "char")  // the bpe sample: threads x sample_bytes at most
+    per_piece -= cfg.tokenizer.sample_bytes * threads / (int64_t(2 * threads + 2) * 4);
+  return std::clamp<int64_t>(per_piece, int64_t(1) << 20, int64_t(64) << 20);
+}
+
+std::error_code& ec_ignore() {
+  thread_local std::error_code ec;
+  return ec;
+}
+
+std::vector<CorpusSegment> pick(const std::vector<CorpusSegment>& plan,
+                                const std::vector<int64_t>& indices) {
+  std::vector<CorpusSegment> out;
+  for (int64_t i : indices) out.push_back(plan[size_t(i)]);
+  return out;
+}
+
+int64_t disk_bytes_of(const std::vector<CorpusSegment>& segs) {
+  int64_t n = 0;
+  for (const auto& s : segs) n += s.disk_bytes;
+  return n;
+}
+
+// ---- pass 1: split counts and the tokenizer trainer ----
+
+struct SplitCounts {
+  int64_t documents = 0, val = 0;
+  uint64_t min_rank = UINT64_MAX, max_rank = 0;
+  int64_t text_bytes = 0;
+  void add(const SplitCounts& o) {
+    documents += o.documents;
+    val += o.val;
+    min_rank = std::min(min_rank, o.min_rank);
+    max_rank = std::max(max_rank, o.max_rank);
+    text_bytes += o.text_bytes;
+  }
+  std::string wire() const {
+    std::string s;
+    for (uint64_t v : {uint64_t(documents), uint64_t(val), min_rank, max_rank, uint64_t(text_bytes)})
+      put_u64(s, v);
+    return s;
+  }
+  static SplitCounts from_wire(std::string_view w) {
+    WireReader in(w);
+    SplitCounts c;
+    c.documents = int64_t(in.u64());
+    c.val = int64_t(in.u64());
+    c.min_rank = in.u64();
+    c.max_rank = in.u64();
+    c.text_bytes = int64_t(in.u64());
+    return c;
+  }
+};
+
+// Streams `segs`, feeding the train documents (val_rank >= threshold) to `trainer`; returns
+// this rank's counts. `failed` receives the segment of an error.
+SplitCounts count_pass(const std::vector<std::string>& files, const std::vector<CorpusSegment>& segs,
+                       const DataConfig& cfg, int threads, int64_t chunk_bytes, uint64_t threshold,
+                       TokenizerTrainer& trainer, ProgressBar& bar, int64_t* failed) {
+  std::vector<SplitCounts> part(static_cast<size_t>(threads));
+  const auto st = stream_segments(
+      files, segs, cfg, threads, chunk_bytes,
+      [&](int w, CorpusChunk& c) {
+        SplitCounts& p = part[size_t(w)];
+        for (const auto& doc : c.docs) {
+          const uint64_t r = val_rank(doc);
+          p.min_rank = std::min(p.min_rank, r);
+          p.max_rank = std::max(p.max_rank, r);
+          if (r < threshold)
+            ++p.val;
+          else
+            trainer.add(w, doc);
+        }
+      },
+      [&](CorpusChunk& c) { bar.add(c.text_bytes); }, failed);
+  SplitCounts counts;
+  for (const auto& p : part) counts.add(p);
+  counts.documents = st.documents;
+  counts.text_bytes = st.text_bytes;
+  return counts;
+}
+
+// The threshold after the small-corpus rules: >= 1 val document when val_fraction > 0 and the
+// documents are not all the same text; never all documents.
+uint64_t adjusted_threshold(const DataConfig& cfg, uint64_t t, const SplitCounts& c) {
+  if (c.documents < 2 || c.min_rank == c.max_rank) return c.val == c.documents ? 0 : t;
+  if (cfg.val_fraction > 0 && c.val == 0) return c.min_rank + 1;  // the lowest-ranked go to val
+  if (c.val == c.documents) return c.max_rank;                    // the highest-ranked to train
+  return t;
+}
+
+// ---- pass 3: pieces into shards ----
+
+// One output shard: document ranges of pieces, in order.
+struct Range {
+  size_t piece;
+  int64_t first, last;  // documents [first, last)
+};
+struct ShardLayout {
+  std::vector<Range> ranges;
+  int64_t tokens = 0, documents = 0;
+};
+
+// The shards of one split, by the rule of a sequential writer: a new shard starts when the next
+// document would take the current one past shard_tokens (never before its first document).
+std::vector<ShardLayout> layout_split(const std::vector<std::string>& pieces,
+                                      const std::vector<ShardHeader>& headers,
+                                      int64_t shard_tokens) {
+  std::vector<ShardLayout> out(1);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const ShardHeader& h = headers[p];
+    const auto docs = int64_t(h.doc_count), tokens = int64_t(h.token_count);
+    if (docs == 0) continue;
+    ShardLayout* cur = &out.back();
+    if (cur->tokens + tokens <= shard_tokens) {  // the whole piece fits: no cut inside
+      cur->ranges.push_back({p, 0, docs});
+      cur->tokens += tokens;
+      cur->documents += docs;
+      continue;
+    }
+    const auto off = read_shard_offsets(pieces[p], h, 0, docs + 1);
+    int64_t first = 0;
+    for (int64_t d = 0; d < docs; ++d) {
+      const int64_t len = int64_t(off[size_t(d + 1)] - off[size_t(d)]);
+      if (cur->tokens > 0 && cur->tokens + len > shard_tokens) {
+        if (d > first) cur->ranges.push_back({p, first, d});
+        out.emplace_back();
+        cur = &out.back();
+        first = d;
+      }
+      cur->tokens += len;
+      cur->documents += 1;
+    }
+    cur->ranges.push_back({p, first, docs});
+  }
+  return out;
+}
+
+// Writes `shard` to `path`: a hard link of its piece when it is exactly one whole piece, else
+// the documents copied.
+void write_shard(const std::string& path, const ShardLayout& shard,
+                 const std::vector<std::string>& pieces, const std::vector<ShardHeader>& headers,
+                 const Tokenizer& tok) {
+  if (shard.ranges.size() == 1) {
+    const Range& r = shard.ranges[0];
+    if (r.first == 0 && uint64_t(r.last) == headers[r.piece].doc_count) {
+      const std::string tmp = path + ".link." + std::to_string(::getpid());
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      if (::link(pieces[r.piece].c_str(), tmp.c_str()) == 0) {
+        if (::rename(tmp.c_str(), path.c_str()) == 0) return;
+        fs::remove(tmp, ec);
+      }
+      // No hard links here (some file systems): copy.
+    }
+  }
+  ShardWriter w(path, tok.vocab_size(), tok.fingerprint());
+  for (const Range& r : shard.ranges)
+    w.append_documents(pieces[r.piece], headers[r.piece], r.first, r.last);
+  w.finish();
 }
 
 }  // namespace
 
-PreparedData prepared_paths(const DataConfig& cfg) {
-  const fs::path dir(cfg.cache_dir);
-  return {(dir / "tokenizer.mllm").string(), (dir / "train.bin").string(),
-          (dir / "val.bin").string()};
+uint64_t val_rank(std::string_view text) { return mix64(content_hash64(text) ^ kValSplitSeed); }
+
+uint64_t val_threshold(double val_fraction) {
+  if (!(val_fraction > 0)) return 0;
+  if (val_fraction >= 1) return UINT64_MAX;
+  return uint64_t(std::ldexp(val_fraction, 64));  // exact: a power-of-two scaling, < 2^64
 }
 
-std::string manifest_path(const DataConfig& cfg) {
-  return (fs::path(cfg.cache_dir) / "manifest.json").string();
+std::vector<std::vector<int64_t>> assign_segments(const std::vector<int64_t>& segment_bytes,
+                                                  int ranks) {
+  ranks = std::max(1, ranks);
+  std::vector<int64_t> order(segment_bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return segment_bytes[size_t(a)] > segment_bytes[size_t(b)];
+  });
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(ranks));
+  std::vector<int64_t> load(size_t(ranks), 0);
+  for (int64_t s : order) {
+    const size_t r = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    out[r].push_back(s);
+    load[r] += std::max<int64_t>(1, segment_bytes[size_t(s)]);
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
 }
 
-std::string data_fingerprint(const DataConfig& cfg) {
-  const auto files = resolve_corpus_files(cfg.corpus);
+std::string prepared_dir(const DataConfig& cfg, const std::string& fingerprint) {
+  return (fs::path(cfg.cache_dir) / fingerprint).string();
+}
+
+std::string manifest_path(const DataConfig& cfg, const std::string& fingerprint) {
+  return (fs::path(prepared_dir(cfg, fingerprint)) / "manifest.json").string();
+}
+
+namespace {
+
+std::string fingerprint_of(const DataConfig& cfg, uint64_t corpus_hash) {
   Fnv1a64 h;
   h.update(std::string_view("mllm-data"));
   h.update_u64(kManifestVersion);
   h.update_u64(kShardVersion);
-  h.update_u64(corpus_content_hash(files));
+  h.update_u64(corpus_hash);
   h.update(cfg.text_field);
   h.update(cfg.doc_separator);
   h.update(cfg.invalid_utf8);
   uint64_t val_bits;
   std::memcpy(&val_bits, &cfg.val_fraction, 8);
   h.update_u64(val_bits);
+  h.update_u64(uint64_t(cfg.shard_tokens));
   h.update(cfg.tokenizer.type);
   h.update_u64(uint64_t(cfg.tokenizer.vocab_size));
   h.update_u64(uint64_t(cfg.tokenizer.min_count));
   h.update_u64(uint64_t(cfg.tokenizer.max_vocab));
-  if (cfg.tokenizer.character_coverage != 0) {  // (not hashed at 0: older caches stay valid)
-    uint64_t bits;
-    std::memcpy(&bits, &cfg.tokenizer.character_coverage, 8);
-    h.update_u64(bits);
-  }
+  uint64_t bits;
+  std::memcpy(&bits, &cfg.tokenizer.character_coverage, 8);
+  h.update_u64(bits);
+  if (cfg.tokenizer.type != "char") h.update_u64(uint64_t(cfg.tokenizer.sample_bytes));
   return fingerprint_hex(h.value());
 }
 
-std::vector<bool> val_split(int64_t num_docs, double val_fraction) {
-  int64_t n_val = std::llround(double(num_docs) * val_fraction);
-  if (val_fraction > 0 && num_docs >= 2) n_val = std::max<int64_t>(n_val, 1);
-  n_val = std::min(n_val, num_docs - 1);
-  std::vector<bool> is_val(size_t(std::max<int64_t>(0, num_docs)), false);
-  if (n_val <= 0) return is_val;
-  const auto perm = seeded_permutation(num_docs, kValSplitSeed);
-  for (int64_t i = 0; i < n_val; ++i) is_val[size_t(perm[size_t(i)])] = true;
-  return is_val;
+}  // namespace
+
+std::string data_fingerprint(const DataConfig& cfg) {
+  return fingerprint_of(cfg, corpus_content_hash(resolve_corpus_files(cfg.corpus)));
 }
 
-bool is_prepared(const DataConfig& cfg) {
-  const auto paths = prepared_paths(cfg);
-  const auto manifest = read_manifest(manifest_path(cfg));
-  if (manifest.is_null()) {
-    spdlog::debug("data cache '{}': no valid manifest", cfg.cache_dir);
-    return false;
-  }
-  const std::string fp = data_fingerprint(cfg);
-  if (manifest.value("data_fingerprint", "") != fp) {
-    spdlog::info("data cache '{}' was made from other data or settings; it will be rebuilt",
-                 cfg.cache_dir);
-    return false;
-  }
-  std::error_code ec;
-  if (!fs::is_regular_file(paths.tokenizer_path, ec)) return false;
-  const std::string tok_fp = manifest.value("tokenizer_fingerprint", "");
-  for (const auto& shard : {paths.train_shard, paths.val_shard}) {
-    try {
-      if (fingerprint_hex(read_shard_header(shard).tokenizer_fingerprint) != tok_fp) return false;
-    } catch (const DataError& e) {
-      spdlog::debug("data cache: {}", e.what());
-      return false;
+std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group) {
+  if (group.size() == 1) return data_fingerprint(cfg);
+  std::vector<std::string> files;
+  std::string mine;
+  const Failure failed = attempt([&] {
+    files = resolve_corpus_files(cfg.corpus);
+    std::vector<int64_t> sizes;
+    for (const auto& f : files) sizes.push_back(int64_t(fs::file_size(f, ec_ignore())));
+    const auto assigned = assign_segments(sizes, group.size());
+    for (int64_t i : assigned[size_t(group.rank())]) {
+      const auto h = file_content_hash(files[size_t(i)]);
+      put_u64(mine, uint64_t(i));
+      put_u64(mine, h.size);
+      put_u64(mine, h.hash);
     }
+  });
+  std::vector<FileContentHash> hashes(files.size());
+  for (const auto& part : agree(group, failed, mine)) {
+    WireReader in(part);
+    while (!in.done()) {
+      const auto i = size_t(in.u64());
+      hashes.at(i).size = in.u64();
+      hashes.at(i).hash = in.u64();
+    }
+  }
+  return fingerprint_of(cfg, combine_content_hashes(hashes));
+}
+
+bool is_prepared(const DataConfig& cfg, const std::string& fp) {
+  const auto manifest = read_manifest(manifest_path(cfg, fp));
+  if (manifest.is_null()) {
+    spdlog::debug("data cache '{}': no valid manifest", prepared_dir(cfg, fp));
+    return false;
+  }
+  try {
+    if (manifest.value("data_fingerprint", "") != fp) return false;
+    const auto p = load_prepared(cfg, fp);
+    std::error_code ec;
+    if (!fs::is_regular_file(p.tokenizer_path, ec)) return false;
+    const std::string tok_fp = manifest.value("tokenizer_fingerprint", "");
+    for (const auto* list : {&p.train_shards, &p.val_shards})
+      for (const auto& shard : *list)
+        if (fingerprint_hex(read_shard_header(shard).tokenizer_fingerprint) != tok_fp) return false;
+  } catch (const std::exception& e) {
+    spdlog::debug("data cache: {}", e.what());
+    return false;
   }
   return true;
 }
 
-PreparedData prepare_data(const DataConfig& cfg, int threads, bool show_progress,
+bool is_prepared(const DataConfig& cfg) { return is_prepared(cfg, data_fingerprint(cfg)); }
+
+PreparedData load_prepared(const DataConfig& cfg, const std::string& fp) {
+  const std::string dir = prepared_dir(cfg, fp);
+  const auto manifest = read_manifest(manifest_path(cfg, fp));
+  if (manifest.is_null() || manifest.value("data_fingerprint", "") != fp)
+    throw DataError(fmt::format("data cache '{}' has no valid manifest (format {} version {}) for "
+                                "data fingerprint {}; re-run mllm-prepare",
+                                dir, kManifestFormat, kManifestVersion, fp));
+  try {
+    PreparedData p;
+    p.dir = dir;
+    p.tokenizer_path = (fs::path(dir) / manifest.at("tokenizer").get<std::string>()).string();
+    p.train_shards = shard_paths(dir, manifest.at("train"));
+    p.val_shards = shard_paths(dir, manifest.at("val"));
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("data cache '{}': damaged manifest ({}); re-run mllm-prepare", dir,
+                                e.what()));
+  }
+}
+
+namespace {
+
+// prepare_data's body. Nothing is written before the corpus is validated (pass 1); from then
+// on rank 0 holds the folder's lock, and another job that finished the same folder meanwhile
+// is taken as done (unless `force`).
+PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int threads,
+                          bool show_progress, bool force, PrepareGroup& group,
                           PrepareStats* stats) {
   const auto t0 = Clock::now();
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int rank = group.rank(), ranks = group.size();
+  const bool lead = rank == 0;
   PrepareStats st;
-  const auto paths = prepared_paths(cfg);
+  st.ranks = ranks;
+  const auto files = resolve_corpus_files(cfg.corpus);
+  st.corpus_files = int64_t(files.size());
+  const std::string dir = prepared_dir(cfg, fp);
+  st.chunk_bytes = chunk_bytes_for(cfg, threads);
+  std::vector<CorpusSegment> plan;
+  const Failure plan_failed = attempt([&] { plan = plan_segments(files, cfg, cfg.prepare_segment_bytes); });
+  agree(group, plan_failed);
+  st.segments = int64_t(plan.size());
+  std::vector<int64_t> seg_bytes;
+  for (const auto& s : plan) seg_bytes.push_back(s.disk_bytes);
+  const auto mine = pick(plan, assign_segments(seg_bytes, ranks)[size_t(rank)]);
+  st.corpus_bytes = disk_bytes_of(plan);
+  spdlog::info("preparing {} corpus file(s), {:.1f} MB, into {}: {} segment(s) over {} rank(s), "
+               "{} of them ({:.1f} MB) on this rank with {} thread(s); memory budget {} MiB "
+               "(pieces of {:.1f} MiB, {} in flight)",
+               files.size(), double(st.corpus_bytes) / 1e6, dir, plan.size(), ranks, mine.size(),
+               double(disk_bytes_of(mine)) / 1e6, threads, cfg.prepare_memory_mb,
+               double(st.chunk_bytes) / double(1 << 20), 2 * threads + 2);
 
-  // 1. Read and validate everything before writing anything (a typo in the tokenizer type
-  //    should not wait for the corpus to be read).
+  // 1. Tokenizer and split: counted or sampled over the train split in one streaming pass,
+  //    which also validates every document before anything is written.
+  const auto t_tok = Clock::now();
+  Reused reused;
+  if (lead) reused = reusable(dir, fp);
+  const auto reuse_votes = agree(group, {}, reused.tokenizer ? "1" : "0");
+  st.tokenizer_reused = reuse_votes[0] == "1";
+  std::shared_ptr<Tokenizer> tok = reused.tokenizer;
+  std::unique_ptr<PrepareLock> lock;
+  // Rank 0 takes the lock; true (on every rank) when the cache turned out to be complete.
+  auto lock_and_check = [&] {
+    bool done = false;
+    const Failure locked = attempt([&] {
+      if (!lead) return;
+      lock = std::make_unique<PrepareLock>(dir);
+      done = !force && is_prepared(cfg, fp);
+    });
+    return agree(group, locked, done ? "1" : "0")[0] == "1";
+  };
+  if (st.tokenizer_reused && lock_and_check()) return load_prepared(cfg, fp);
+  uint64_t threshold = val_threshold(cfg.val_fraction);
+  if (!st.tokenizer_reused) {
+    register_builtin_tokenizers();
+    std::shared_ptr<TokenizerTrainer> trainer;
+    SplitCounts counts;
+    for (int round = 0; round < 2; ++round) {
+      trainer = tokenizer_registry().create(cfg.tokenizer.type, cfg.tokenizer, threads);
+      const bool merged = ranks > 1 && trainer->supports_merge();
+      // Without merge(), rank 0 reads everything (the others wait).
+      const auto& segs = merged ? mine : (lead ? plan : std::vector<CorpusSegment>());
+      int64_t failed_segment = -1;
+      SplitCounts local;
+      const Failure failed = attempt(
+          [&] {
+            ProgressBar bar("read + count", disk_bytes_of(segs), show_progress && lead && round == 0);
+            local = count_pass(files, segs, cfg, threads, st.chunk_bytes, threshold, *trainer, bar,
+                               &failed_segment);
+          },
+          &failed_segment);
+      counts = SplitCounts();
+      for (const auto& w : agree(group, failed, local.wire())) counts.add(SplitCounts::from_wire(w));
+      if (counts.documents == 0)
+        throw DataError(fmt::format("the corpus ({}) holds no document: every file is empty or "
+                                    "blank; point data.corpus at text",
+                                    fmt::join(files, ", ")));
+      const uint64_t adjusted = adjusted_threshold(cfg, threshold, counts);
+      if (adjusted == threshold || round == 1) {
+        if (merged) trainer->merge(group);
+        break;
+      }
+      // Tiny corpora only: count again with the final split.
+      spdlog::info("val split: {} of {} documents fall below val_fraction's threshold; the "
+                   "small-corpus rule moves it (at least one val document, never all)",
+                   counts.val, counts.documents);
+      threshold = adjusted;
+    }
+    if (lock_and_check()) return load_prepared(cfg, fp);
+    const Failure trained = attempt([&] {
+      if (!lead) return;
+      tok = trainer->finish();
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      fs::remove(manifest_path(cfg, fp), ec);
+      tok->save((fs::path(dir) / "tokenizer.mllm").string());
+      const nlohmann::ordered_json split = {
+          {"format", kSplitFormat},
+          {"version", kSplitVersion},
+          {"data_fingerprint", fp},
+          {"tokenizer_fingerprint", fingerprint_hex(tok->fingerprint())},
+          {"val_threshold", fmt::format("{:016x}", threshold)},
+          {"documents", counts.documents},
+          {"val_documents", counts.val},
+      };
+      write_file_atomic(split_path(dir), split.dump(2) + "\n");
+    });
+    agree(group, trained);
+  }
+  {
+    const Failure loaded = attempt([&] {
+      if (lead && !st.tokenizer_reused) return;  // trained it
+      const Reused r = reusable(dir, fp);
+      if (!r.tokenizer)
+        throw Error(fmt::format("rank {} cannot read the tokenizer rank 0 wrote into '{}' (is "
+                                "data.cache_dir on a file system every rank shares?)",
+                                rank, dir));
+      tok = r.tokenizer;
+      threshold = r.threshold;
+    });
+    agree(group, loaded);
+  }
+  st.tokenizer_seconds = seconds_since(t_tok);
+  spdlog::info("tokenizer: {} with {} ids ({} in {:.2f} s), fingerprint {}", tok->type(),
+               tok->vocab_size(), st.tokenizer_reused ? "reused from the cache" : "trained",
+               st.tokenizer_seconds, fingerprint_hex(tok->fingerprint()));
+
+  // 2. Pieces: every rank encodes its segments; pieces of an interrupted run are kept.
+  const auto t_enc = Clock::now();
+  const std::string pieces_dir = (fs::path(dir) / "pieces").string();
+  const Failure cleaned = attempt([&] {
+    if (!lead) return;
+    std::error_code ec;
+    fs::remove(manifest_path(cfg, fp), ec);
+    fs::create_directories(pieces_dir, ec);
+    std::set<std::string> wanted;
+    for (const auto& seg : plan)
+      for (const char* split : {"train", "val"}) wanted.insert(fs::path(piece_path(dir, seg, split)).filename());
+    for (const auto& e : fs::directory_iterator(pieces_dir, ec))
+      if (!wanted.count(e.path().filename().string())) fs::remove(e.path(), ec);
+  });
+  agree(group, cleaned);
+  auto finished = [&](const CorpusSegment& seg) {
+    try {
+      for (const char* split : {"train", "val"}) {
+        const auto h = read_shard_header(piece_path(dir, seg, split));
+        if (h.tokenizer_fingerprint != tok->fingerprint() || int64_t(h.vocab_size) != tok->vocab_size())
+          return false;
+      }
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  std::vector<CorpusSegment> todo;
+  int64_t reused_here = 0;
+  for (const auto& seg : mine) {
+    if (finished(seg))
+      ++reused_here;
+    else
+      todo.push_back(seg);
+  }
+  int64_t failed_segment = -1;
+  int64_t text_here = 0;
+  const Failure encoded = attempt(
+      [&] {
+        std::unique_ptr<ShardWriter> train, val;
+        const CorpusSegment* open = nullptr;
+        std::map<int64_t, const CorpusSegment*> by_index;
+        for (const auto& seg : todo) by_index[seg.index] = &seg;
+        ProgressBar bar("encode", disk_bytes_of(todo), show_progress && lead);
+        const auto cs = stream_segments(
+            files, todo, cfg, threads, st.chunk_bytes,
+            [&](int, CorpusChunk& c) {
+              c.flags.resize(c.docs.size());
+              c.lengths.resize(c.docs.size());
+              for (size_t i = 0; i < c.docs.size(); ++i) {
+                c.flags[i] = val_rank(c.docs[i]) < threshold;
+                const auto ids = tok->encode(c.docs[i]);
+                c.lengths[i] = ids.size();
+                c.ids.insert(c.ids.end(), ids.begin(), ids.end());
+                std::string().swap(c.docs[i]);  // the text is no longer needed
+              }
+            },
+            [&](CorpusChunk& c) {
+              if (!open) {
+                open = by_index.at(c.segment);
+                if (injected_fault("prepare_throw", -1, open->index))
+                  throw Error(fmt::format("MLLM_FAULT: prepare_throw at segment {}", open->index));
+                train = std::make_unique<ShardWriter>(piece_path(dir, *open, "train"),
+                                                      tok->vocab_size(), tok->fingerprint());
+                val = std::make_unique<ShardWriter>(piece_path(dir, *open, "val"),
+                                                    tok->vocab_size(), tok->fingerprint());
+              }
+              size_t pos = 0;
+              for (size_t i = 0; i < c.lengths.size(); ++i) {
+                (c.flags[i] ? *val : *train).add_document(c.ids.data() + pos, c.lengths[i]);
+                pos += c.lengths[i];
+              }
+              bar.add(c.text_bytes);
+              if (c.last_of_segment) {  // train first: a val piece means a finished segment
+                train->finish();
+                val->finish();
+                train.reset();
+                val.reset();
+                if (injected_fault("prepare_kill", -1, open->index)) {
+                  flush_logs();
+                  ::raise(SIGKILL);
+                }
+                open = nullptr;
+              }
+            },
+            &failed_segment);
+        text_here = cs.text_bytes;
+      },
+      &failed_segment);
+  {
+    std::string mine_stats;
+    put_u64(mine_stats, uint64_t(reused_here));
+    put_u64(mine_stats, uint64_t(text_here));
+    for (const auto& w : agree(group, encoded, mine_stats)) {
+      WireReader in(w);
+      st.segments_reused += int64_t(in.u64());
+      st.text_bytes += int64_t(in.u64());
+    }
+  }
+  st.encode_seconds = seconds_since(t_enc);
+  if (st.segments_reused > 0)
+    spdlog::info("{} of {} segment(s) were encoded by an earlier, interrupted run: kept",
+                 st.segments_reused, plan.size());
+
+  // 3. Shards: the pieces in corpus order, cut at shard_tokens; every rank computes the same
+  //    layout and writes every ranks-th shard.
+  const auto t_asm = Clock::now();
+  std::vector<ShardLayout> layouts[2];
+  const Failure assembled = attempt([&] {
+    size_t next = 0;
+    const char* names[2] = {"train", "val"};
+    for (int sp = 0; sp < 2; ++sp) {
+      std::vector<std::string> pieces;
+      std::vector<ShardHeader> headers;
+      for (const auto& seg : plan) {
+        pieces.push_back(piece_path(dir, seg, names[sp]));
+        headers.push_back(read_shard_header(pieces.back()));
+      }
+      layouts[sp] = layout_split(pieces, headers, cfg.shard_tokens);
+      for (size_t j = 0; j < layouts[sp].size(); ++j, ++next)
+        if (int(next % size_t(ranks)) == rank)
+          write_shard((fs::path(dir) / shard_name(names[sp], j)).string(), layouts[sp][j], pieces,
+                      headers, *tok);
+    }
+  });
+  agree(group, assembled);
+
+  auto split_json = [](const char* name, const std::vector<ShardLayout>& l, int64_t& docs,
+                       int64_t& tokens, int64_t& n) {
+    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+    docs = tokens = 0;
+    for (size_t i = 0; i < l.size(); ++i) {
+      shards.push_back({{"file", shard_name(name, i)},
+                        {"documents", l[i].documents},
+                        {"tokens", l[i].tokens}});
+      docs += l[i].documents;
+      tokens += l[i].tokens;
+    }
+    n = int64_t(l.size());
+    return nlohmann::ordered_json{{"documents", docs}, {"tokens", tokens}, {"shards", shards}};
+  };
+  const auto train_j = split_json("train", layouts[0], st.train_documents, st.train_tokens, st.train_shards);
+  const auto val_j = split_json("val", layouts[1], st.val_documents, st.val_tokens, st.val_shards);
+  st.vocab_size = tok->vocab_size();
+  const Failure written = attempt([&] {
+    if (!lead) return;
+    nlohmann::ordered_json manifest = {
+        {"format", kManifestFormat},
+        {"version", kManifestVersion},
+        {"data_fingerprint", fp},
+        {"tokenizer_fingerprint", fingerprint_hex(tok->fingerprint())},
+        {"tokenizer_type", tok->type()},
+        {"vocab_size", tok->vocab_size()},
+        {"tokenizer", "tokenizer.mllm"},
+        {"val_threshold", fmt::format("{:016x}", threshold)},
+        {"shard_tokens", cfg.shard_tokens},
+        {"train", train_j},
+        {"val", val_j},
+        {"corpus", files},
+    };
+    write_file_atomic(manifest_path(cfg, fp), manifest.dump(2) + "\n");
+    std::error_code ec;
+    fs::remove_all(pieces_dir, ec);  // their content is in the shards now
+  });
+  agree(group, written);  // no rank returns before the manifest is there
+  st.assemble_seconds = seconds_since(t_asm);
+  st.seconds = seconds_since(t0);
+  if (stats) *stats = st;
+  return load_prepared(cfg, fp);
+}
+
+}  // namespace
+
+PreparedData prepare_data(const DataConfig& cfg, int threads, bool show_progress,
+                          PrepareGroup& group, PrepareStats* stats) {
+  bool prepared = false;
+  return ensure_prepared(cfg, threads, show_progress, group, /*force=*/true, &prepared, stats);
+}
+
+PreparedData prepare_data(const DataConfig& cfg, int threads, bool show_progress,
+                          PrepareStats* stats) {
+  SingleGroup one;
+  return prepare_data(cfg, threads, show_progress, one, stats);
+}
+
+PreparedData ensure_prepared(const DataConfig& cfg, int threads, bool show_progress,
+                             PrepareGroup& group, bool force, bool* prepared,
+                             PrepareStats* stats) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   register_builtin_tokenizers();
   if (!tokenizer_registry().contains(cfg.tokenizer.type))
     throw ConfigError("data.tokenizer.type: " +
                       detail::unknown_name_message("tokenizer", cfg.tokenizer.type,
                                                    tokenizer_registry().names()));
-  const auto files = resolve_corpus_files(cfg.corpus);
-  st.corpus_files = int64_t(files.size());
-  const std::string fp = data_fingerprint(cfg);
-  const auto t_read = Clock::now();
-  auto docs = read_corpus(cfg, &st.corpus_bytes, threads);
-  spdlog::info("corpus: {} documents, {:.1f} MB from {} file(s) (fingerprint {:.2f} s, read {:.2f} s)",
-               docs.size(), double(st.corpus_bytes) / 1e6, files.size(),
-               std::chrono::duration<double>(t_read - t0).count(), seconds_since(t_read));
-
-  // 2. Deterministic split; documents keep their corpus order inside each split.
-  const auto is_val = val_split(int64_t(docs.size()), cfg.val_fraction);
-  std::vector<std::string> train_docs, val_docs;
-  for (size_t i = 0; i < docs.size(); ++i)
-    (is_val[i] ? val_docs : train_docs).push_back(std::move(docs[i]));
-  docs.clear();
-  docs.shrink_to_fit();
-
-  // 3. Tokenizer: trained on the train split only (val stays held out).
-  auto tok = reusable_tokenizer(cfg, fp);
-  st.tokenizer_reused = tok != nullptr;
-  const auto t_tok = Clock::now();
-  if (!tok) tok = train_tokenizer(cfg.tokenizer, train_docs, threads);
-  spdlog::info("tokenizer: {} with {} ids ({} in {:.2f} s), fingerprint {}", tok->type(),
-               tok->vocab_size(), st.tokenizer_reused ? "reused from the cache" : "trained",
-               seconds_since(t_tok), fingerprint_hex(tok->fingerprint()));
-
-  // 4. Write: the manifest goes first so that an interrupted run is never taken as complete.
-  std::error_code ec;
-  fs::create_directories(cfg.cache_dir, ec);
-  fs::remove(manifest_path(cfg), ec);
-  if (!st.tokenizer_reused) tok->save(paths.tokenizer_path);
-  const auto train_h =
-      encode_to_shard(train_docs, *tok, paths.train_shard, threads, show_progress, "encode train");
-  const auto val_h =
-      encode_to_shard(val_docs, *tok, paths.val_shard, threads, show_progress, "encode val");
-
-  st.train_documents = int64_t(train_h.doc_count);
-  st.val_documents = int64_t(val_h.doc_count);
-  st.train_tokens = int64_t(train_h.token_count);
-  st.val_tokens = int64_t(val_h.token_count);
-  st.vocab_size = tok->vocab_size();
-
-  nlohmann::ordered_json manifest = {
-      {"format", kManifestFormat},
-      {"version", kManifestVersion},
-      {"data_fingerprint", fp},
-      {"tokenizer_fingerprint", fingerprint_hex(tok->fingerprint())},
-      {"tokenizer_type", tok->type()},
-      {"vocab_size", tok->vocab_size()},
-      {"tokenizer", fs::path(paths.tokenizer_path).filename().string()},
-      {"train", fs::path(paths.train_shard).filename().string()},
-      {"val", fs::path(paths.val_shard).filename().string()},
-      {"train_documents", st.train_documents},
-      {"val_documents", st.val_documents},
-      {"train_tokens", st.train_tokens},
-      {"val_tokens", st.val_tokens},
-      {"corpus", files},
-  };
-  write_file_atomic(manifest_path(cfg), manifest.dump(2) + "\n");
-  st.seconds = seconds_since(t0);
-  if (stats) *stats = st;
-  return paths;
+  const std::string fp = data_fingerprint(cfg, group);
+  bool need = true;
+  const Failure checked = attempt([&] {
+    if (group.rank() != 0) return;
+    note_old_cache(cfg);
+    need = force || !is_prepared(cfg, fp);
+  });
+  need = agree(group, checked, need ? "1" : "0")[0] == "1";
+  if (prepared) *prepared = need;
+  if (!need) return load_prepared(cfg, fp);
+  return prepare_body(cfg, fp, threads, show_progress, force, group, stats);
 }
 
 }  // namespace mllm

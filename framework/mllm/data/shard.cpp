@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -141,6 +142,97 @@ void ShardWriter::add_document(const int32_t* ids, size_t n) {
   header_.token_count += n + 2;
   header_.doc_count += 1;
   offsets_.push_back(header_.token_count);
+}
+
+namespace {
+
+// pread of exactly n bytes at offset `at`, or DataError naming the file.
+void pread_all(int fd, const std::string& path, char* out, size_t n, uint64_t at) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, out, n, off_t(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw DataError(fmt::format("shard '{}': cannot read {} bytes at offset {} ({}); re-run "
+                                  "mllm-prepare",
+                                  path, n, at, got < 0 ? std::strerror(errno) : "end of file"));
+    out += got;
+    n -= size_t(got);
+    at += uint64_t(got);
+  }
+}
+
+class ReadFd {
+ public:
+  explicit ReadFd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd < 0)
+      throw DataError(fmt::format("cannot open shard '{}': {}; re-run mllm-prepare", path,
+                                  std::strerror(errno)));
+  }
+  ~ReadFd() { ::close(fd); }
+  int fd;
+};
+
+uint64_t offsets_at(const ShardHeader& h) {
+  return align8(kShardHeaderBytes + h.token_count * h.token_bytes);
+}
+
+}  // namespace
+
+std::vector<uint64_t> read_shard_offsets(const std::string& path, const ShardHeader& h,
+                                         int64_t first, int64_t count) {
+  MLLM_CHECK(first >= 0 && count >= 0 && uint64_t(first + count) <= h.doc_count + 1,
+             "read_shard_offsets: range outside the shard");
+  std::vector<uint64_t> out(static_cast<size_t>(count));
+  if (count == 0) return out;
+  ReadFd in(path);
+  pread_all(in.fd, path, reinterpret_cast<char*>(out.data()), size_t(count) * 8,
+            offsets_at(h) + uint64_t(first) * 8);
+  return out;
+}
+
+void ShardWriter::append_documents(const std::string& src_path, const ShardHeader& src,
+                                   int64_t first_doc, int64_t last_doc) {
+  MLLM_CHECK(file_ != nullptr, "ShardWriter used after finish(): " + path_);
+  if (src.tokenizer_fingerprint != header_.tokenizer_fingerprint ||
+      src.vocab_size != header_.vocab_size)
+    throw Error(fmt::format("shard '{}' (tokenizer {:016x}, vocab {}) cannot be appended to '{}' "
+                            "(tokenizer {:016x}, vocab {})",
+                            src_path, src.tokenizer_fingerprint, src.vocab_size, path_,
+                            header_.tokenizer_fingerprint, header_.vocab_size));
+  MLLM_CHECK(0 <= first_doc && first_doc <= last_doc && uint64_t(last_doc) <= src.doc_count,
+             "append_documents: document range outside the shard");
+  ReadFd in(src_path);
+  constexpr int64_t kDocs = int64_t(1) << 19;  // offsets per read (4 MiB)
+  constexpr size_t kBytes = size_t(4) << 20;   // token bytes per read
+  const uint64_t tb = header_.token_bytes;
+  std::vector<uint64_t> off;
+  for (int64_t d = first_doc; d < last_doc;) {
+    const int64_t n = std::min(kDocs, last_doc - d);
+    off.resize(size_t(n + 1));
+    pread_all(in.fd, src_path, reinterpret_cast<char*>(off.data()), size_t(n + 1) * 8,
+              offsets_at(src) + uint64_t(d) * 8);
+    for (int64_t i = 0; i < n; ++i)
+      if (off[size_t(i + 1)] <= off[size_t(i)] || off[size_t(i + 1)] > src.token_count)
+        throw DataError(fmt::format("shard '{}' is damaged: document offset {} is {} (previous "
+                                    "{}); re-run mllm-prepare",
+                                    src_path, d + i + 1, off[size_t(i + 1)], off[size_t(i)]));
+    // Tokens of documents [d, d + n): one contiguous byte range.
+    uint64_t at = kShardHeaderBytes + off[0] * tb;
+    const uint64_t end = kShardHeaderBytes + off[size_t(n)] * tb;
+    scratch_.resize(kBytes);
+    while (at < end) {
+      const size_t len = size_t(std::min<uint64_t>(kBytes, end - at));
+      pread_all(in.fd, src_path, scratch_.data(), len, at);
+      file_->write(scratch_.data(), len);
+      at += len;
+    }
+    for (int64_t i = 1; i <= n; ++i) {
+      header_.token_count += off[size_t(i)] - off[size_t(i - 1)];
+      offsets_.push_back(header_.token_count);
+    }
+    header_.doc_count += uint64_t(n);
+    d += n;
+  }
 }
 
 ShardHeader ShardWriter::finish() {

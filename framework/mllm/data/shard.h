@@ -46,6 +46,16 @@ class ShardWriter {
   // [0, vocab_size).
   void add_document(const int32_t* ids, size_t n);
   void add_document(const std::vector<int32_t>& ids) { add_document(ids.data(), ids.size()); }
+  // Appends documents [first_doc, last_doc) of the finished shard `src_path` (whose header is
+  // `src`: the same vocabulary and tokenizer fingerprint) as they are stored, BOS and EOS
+  // included, reading its tokens and offsets with pread in blocks of at most 4 MiB (nothing is
+  // mapped, so memory does not grow with the shard). Throws DataError naming `src_path` when it
+  // cannot be read or its offsets are damaged, mllm::Error when its tokenizer or vocabulary
+  // differ from this shard's.
+  void append_documents(const std::string& src_path, const ShardHeader& src, int64_t first_doc,
+                        int64_t last_doc);
+  // Tokens and documents written so far.
+  const ShardHeader& header() const { return header_; }
   // Writes offsets and header, fsyncs, renames. Returns the header written.
   ShardHeader finish();
 
@@ -91,6 +101,12 @@ class ShardReader {
 // Reads and validates only the header and size of a shard (cheap; for cache checks).
 // Throws DataError as ShardReader does.
 ShardHeader read_shard_header(const std::string& path);
+
+// Document offsets [first, first + count) of the shard `path` with header `h` (count + first
+// <= doc_count + 1), read with pread (nothing is mapped). Throws DataError naming the file when
+// it cannot be read.
+std::vector<uint64_t> read_shard_offsets(const std::string& path, const ShardHeader& h,
+                                         int64_t first, int64_t count);
 
 // Throws DataError naming `shard_path` when the shard was not made by `tokenizer` (fingerprint
 // or vocabulary size differ), saying both values and how to fix it (re-run mllm-prepare).

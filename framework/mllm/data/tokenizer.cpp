@@ -3,12 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/bpe_tokenizer.h"
 #include "mllm/data/char_tokenizer.h"
+#include "mllm/data/hash.h"
 #include "mllm/data/utf8.h"
 
 namespace mllm {
@@ -35,11 +37,154 @@ void register_builtin_tokenizers() {
   });
 }
 
+namespace {
+
+constexpr uint64_t kSampleSeed = 0x5A3B1E5A3B1E5A3Bull;
+
+class SampleTrainer : public TokenizerTrainer {
+ public:
+  SampleTrainer(int64_t sample_bytes, int threads, SampleTrain train)
+      : budget_(std::max<int64_t>(0, sample_bytes)),
+        heaps_(size_t(std::max(1, threads))),
+        train_(std::move(train)) {}
+
+  void add(int worker, std::string_view document) override {
+    if (int64_t(document.size()) > budget_) return;  // never fits: never sampled
+    Heap& h = heaps_.at(size_t(worker));
+    h.items.push_back({sample_rank(document), std::string(document)});
+    std::push_heap(h.items.begin(), h.items.end());
+    h.bytes += int64_t(document.size());
+    // Keep the longest prefix of the ranking that fits: drop the worst-ranked while over budget.
+    while (h.bytes > budget_) {
+      std::pop_heap(h.items.begin(), h.items.end());
+      h.bytes -= int64_t(h.items.back().text.size());
+      h.items.pop_back();
+    }
+  }
+
+  bool supports_merge() const override { return true; }
+
+  // Round 1: every rank's local prefix as (rank, bytes); every rank then knows how many of its
+  // own items the global prefix takes (its first c, ties in rank order). Round 2: those texts.
+  void merge(PrepareGroup& group) override {
+    std::vector<Item> mine = local_prefix();
+    std::string sizes;
+    for (const auto& it : mine) {
+      put_u64(sizes, it.rank);
+      put_u64(sizes, it.text.size());
+    }
+    struct Entry {
+      uint64_t rank;
+      int owner;
+      uint64_t bytes;
+      bool operator<(const Entry& o) const {
+        return rank != o.rank ? rank < o.rank : owner < o.owner;
+      }
+    };
+    std::vector<Entry> all;
+    const auto gathered = group.all_gather(sizes);
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      WireReader in(gathered[r]);
+      while (!in.done()) {
+        const uint64_t rank = in.u64();
+        all.push_back({rank, int(r), in.u64()});
+      }
+    }
+    std::stable_sort(all.begin(), all.end());
+    int64_t bytes = 0;
+    size_t take = 0;
+    std::vector<size_t> count(gathered.size(), 0);
+    while (take < all.size() && bytes + int64_t(all[take].bytes) <= budget_) {
+      bytes += int64_t(all[take].bytes);
+      ++count[size_t(all[take++].owner)];
+    }
+    std::string texts;
+    for (size_t i = 0; i < count[size_t(group.rank())]; ++i) {
+      put_u64(texts, mine[i].rank);
+      put_str(texts, mine[i].text);
+    }
+    mine.clear();
+    merged_.clear();
+    for (const auto& part : group.all_gather(texts)) {
+      WireReader in(part);
+      while (!in.done()) {
+        const uint64_t rank = in.u64();
+        merged_.push_back({rank, std::string(in.str())});
+      }
+    }
+    std::stable_sort(merged_.begin(), merged_.end());
+    is_merged_ = true;
+  }
+
+  std::shared_ptr<Tokenizer> finish() override {
+    std::vector<Item> sample = is_merged_ ? std::move(merged_) : local_prefix();
+    std::vector<std::string> docs;
+    docs.reserve(sample.size());
+    for (auto& it : sample) docs.push_back(std::move(it.text));
+    return train_(docs);
+  }
+
+ private:
+  struct Item {
+    uint64_t rank;
+    std::string text;
+    // Equal ranks mean equal text (a 64-bit hash of it), so rank order is a total order of the
+    // texts that does not depend on which worker or rank saw them.
+    bool operator<(const Item& o) const { return rank < o.rank; }
+  };
+  struct Heap {
+    std::vector<Item> items;  // max-heap by rank
+    int64_t bytes = 0;
+  };
+
+  // Each worker's heap holds the prefix of its own documents; the prefix of the union is
+  // inside the union of those. Sorted by rank.
+  std::vector<Item> local_prefix() {
+    std::vector<Item> all;
+    for (auto& h : heaps_)
+      for (auto& it : h.items) all.push_back(std::move(it));
+    heaps_.assign(heaps_.size(), Heap());
+    std::stable_sort(all.begin(), all.end());
+    int64_t bytes = 0;
+    size_t keep = 0;
+    while (keep < all.size() && bytes + int64_t(all[keep].text.size()) <= budget_)
+      bytes += int64_t(all[keep++].text.size());
+    all.resize(keep);
+    return all;
+  }
+
+  int64_t budget_;
+  std::vector<Heap> heaps_;
+  SampleTrain train_;
+  std::vector<Item> merged_;
+  bool is_merged_ = false;
+};
+
+}  // namespace
+
+void TokenizerTrainer::merge(PrepareGroup&) {
+  throw Error("this tokenizer type cannot be trained by several ranks (TokenizerTrainer::merge)");
+}
+
+uint64_t sample_rank(std::string_view text) {
+  uint64_t z = content_hash64(text) ^ kSampleSeed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::shared_ptr<TokenizerTrainer> make_sample_trainer(int64_t sample_bytes, int threads,
+                                                      SampleTrain train) {
+  return std::make_shared<SampleTrainer>(sample_bytes, threads, std::move(train));
+}
+
 std::shared_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config,
                                            const std::vector<std::string>& documents,
                                            int threads) {
   register_builtin_tokenizers();
-  return tokenizer_registry().create(config.type, config, documents, std::max(1, threads));
+  auto trainer = tokenizer_registry().create(config.type, config, std::max(1, threads));
+  for (const auto& doc : documents) trainer->add(0, doc);
+  return trainer->finish();
 }
 
 std::string fingerprint_hex(uint64_t fingerprint) { return fmt::format("{:016x}", fingerprint); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include "mllm/core/recipe.h"
 #include "mllm/core/registry.h"
 #include "mllm/core/special_tokens.h"
+#include "mllm/data/prepare_group.h"
 
 namespace mllm {
 
@@ -43,11 +45,46 @@ class Tokenizer {
   virtual uint64_t fingerprint() const = 0;
 };
 
-// Training factories: (tokenizer section, training documents as valid UTF-8, worker threads).
-// Registered under the name used in `data.tokenizer.type`.
-using TokenizerRegistry = Registry<Tokenizer, const TokenizerConfig&,
-                                   const std::vector<std::string>& /*documents*/, int /*threads*/>;
+// Builds a tokenizer from a stream of training documents (valid UTF-8): the train split,
+// streamed by mllm-prepare in bounded memory (data.md). A trainer keeps what it needs (char:
+// counts; bpe: a bounded sample), never the whole corpus.
+class TokenizerTrainer {
+ public:
+  virtual ~TokenizerTrainer() = default;
+  // Feeds one document. `worker` is in [0, threads) of the factory call: calls with different
+  // workers may run at the same time, calls with one worker never do. Documents arrive in no
+  // particular order, and the result must not depend on it (nor on the thread count).
+  virtual void add(int worker, std::string_view document) = 0;
+  // Distributed preparation: whether merge() is implemented. When it is not, a preparation of
+  // several ranks feeds every train document to rank 0's trainer alone (slower, same result).
+  virtual bool supports_merge() const { return false; }
+  // Called once on every rank of `group`, after that rank's last add(): exchanges what the
+  // ranks added (through group.all_gather), so that finish() on rank 0 gives the tokenizer of
+  // all ranks' documents, the same as one trainer fed all of them. Throws mllm::Error by default.
+  virtual void merge(PrepareGroup& group);
+  // The trained tokenizer, once every document was added (and merged). Throws ConfigError for
+  // bad settings, DataError when the documents cannot produce a vocabulary.
+  virtual std::shared_ptr<Tokenizer> finish() = 0;
+};
+
+// Training factories: (tokenizer section, worker threads) -> a trainer, registered under the name
+// used in `data.tokenizer.type`.
+using TokenizerRegistry = Registry<TokenizerTrainer, const TokenizerConfig&, int /*threads*/>;
 TokenizerRegistry& tokenizer_registry();
+
+// A trainer that keeps a deterministic sample of the documents and then calls
+// `train(sample)` (for tokenizers that train on text in memory, like bpe; a plugin can use it
+// too). The sample: every document of at most `sample_bytes` bytes is ranked by
+// sample_rank(text), and the sample is the longest prefix of that ranking whose bytes sum to at
+// most `sample_bytes` (the whole corpus when it fits), handed to `train` in ranking order.
+// Documents of equal rank have equal text, so the sample does not depend on thread count,
+// arrival order or the ranks that saw them. Memory: at most `threads` x sample_bytes bytes of
+// text while adding; merge() moves only the sampled text (sample_bytes in all) to every rank.
+using SampleTrain = std::function<std::shared_ptr<Tokenizer>(const std::vector<std::string>&)>;
+std::shared_ptr<TokenizerTrainer> make_sample_trainer(int64_t sample_bytes, int threads,
+                                                      SampleTrain train);
+// The sample ranking: splitmix64's finaliser of content_hash64(text) ^ 0x5A3B1E5A3B1E5A3B.
+uint64_t sample_rank(std::string_view text);
 
 // Loading factories: (payload of a tokenizer file, file path for messages), registered under the
 // same name. A tokenizer plugin registers one of each.
@@ -58,8 +95,9 @@ TokenizerLoaderRegistry& tokenizer_loader_registry();
 // Registers char and bpe in both registries. Safe to call more than once.
 void register_builtin_tokenizers();
 
-// Trains the tokenizer `config.type` on `documents`. Throws ConfigError for an unknown type or
-// bad settings, DataError when the corpus cannot produce a vocabulary.
+// Trains the tokenizer `config.type` on `documents` (in memory). Throws
+// ConfigError for an unknown type or bad settings, DataError when the corpus cannot produce a
+// vocabulary.
 std::shared_ptr<Tokenizer> train_tokenizer(const TokenizerConfig& config,
                                            const std::vector<std::string>& documents,
                                            int threads = 1);

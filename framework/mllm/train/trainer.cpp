@@ -29,6 +29,7 @@
 #include "mllm/core/plugin.h"
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/prepare.h"
+#include "mllm/distributed/prepare_group.h"
 #include "mllm/model/generate.h"
 #include "mllm/model/loss.h"
 #include "mllm/optim/optimizer.h"
@@ -366,33 +367,20 @@ void Trainer::build() {
   if (blas_startup_note().warn) spdlog::warn("{}", describe_blas());
   else spdlog::info("{}", describe_blas());
 
-  // Data: rank 0 tokenizes and writes shards once; the others wait at the barrier.
-  int64_t need_prepare = 0;
-  if (rank == 0) {
-    need_prepare = !is_prepared(r.data);
-    // Removed before the other ranks hear about it, so that their wait below cannot mistake a
-    // stale manifest for the new one.
-    if (need_prepare) fs::remove(manifest_path(r.data));
+  // Data: every rank prepares a share of the corpus (segments) when the cache of this data
+  // fingerprint is missing, with this rank's threads; the output does not depend on how many.
+  PreparedData paths;
+  {
+    const auto group = make_prepare_group();
+    bool prepared = false;
+    paths = ensure_prepared(r.data, threads, rank == 0 && isatty(STDERR_FILENO), *group,
+                            /*force=*/false, &prepared);
+    if (prepared) spdlog::info("prepared data into {} (tokenizer + shards)", paths.dir);
   }
-  need_prepare = comm.all_gather(need_prepare)[0];
-  if (need_prepare) {
-    if (rank == 0) {
-      spdlog::info("preparing data into {} (tokenizer + shards)", r.data.cache_dir);
-      // All cores: the other ranks of this node only wait meanwhile.
-      prepare_data(r.data, usable_cpus(), isatty(STDERR_FILENO));
-    } else {
-      // Why poll instead of a barrier: preparing a large corpus (BPE training) can outlast
-      // dist.timeout_s, which bounds every collective. The manifest is written last.
-      while (!fs::exists(manifest_path(r.data)))
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    comm.barrier();  // Why: no rank may open shards before rank 0 has renamed them into place.
-  }
-  const PreparedData paths = prepared_paths(r.data);
   tokenizer_path_ = paths.tokenizer_path;
   tokenizer_ = load_tokenizer(paths.tokenizer_path);
-  train_data_ = std::make_unique<TokenDataset>(paths.train_shard, r.data.mode, r.data.seq_len);
-  val_data_ = std::make_unique<TokenDataset>(paths.val_shard, r.data.mode, r.data.seq_len);
+  train_data_ = std::make_unique<TokenDataset>(paths.train_shards, r.data.mode, r.data.seq_len);
+  val_data_ = std::make_unique<TokenDataset>(paths.val_shards, r.data.mode, r.data.seq_len);
   train_data_->check_tokenizer(*tokenizer_);
   val_data_->check_tokenizer(*tokenizer_);
   state_.tokenizer_fingerprint = tokenizer_->fingerprint();

@@ -114,17 +114,16 @@ TEST(Corpus, ParallelJsonlKeepsOrderAndReportsTheFirstBadLine) {
                                        {dir / "bad.jsonl:20001:"}));
 }
 
-TEST(ValSplit, DeterministicAndBounded) {
-  auto split = val_split(100, 0.1);
-  EXPECT_EQ(std::count(split.begin(), split.end(), true), 10);
-  EXPECT_EQ(split, val_split(100, 0.1));
-  EXPECT_EQ(std::count(split.begin(), split.end(), true), 10);
-  auto few = val_split(3, 0.01);  // at least one val document
-  EXPECT_EQ(std::count(few.begin(), few.end(), true), 1);
-  auto one = val_split(1, 0.5);   // never all of them
-  EXPECT_EQ(std::count(one.begin(), one.end(), true), 0);
-  auto none = val_split(50, 0.0);
-  EXPECT_EQ(std::count(none.begin(), none.end(), true), 0);
+TEST(ValSplit, RankAndThresholdMatchAnIndependentComputation) {
+  // Values from a Python transcription of content_hash64 + the splitmix64 finaliser
+  // (docs/data.md), not from this code.
+  EXPECT_EQ(val_rank("床前明月光"), 0xc34d063765dbf2b5ull);
+  EXPECT_EQ(val_rank("<EOS> is text"), 0x4d73fece2fac7004ull);
+  EXPECT_EQ(val_rank(""), 0x89cd4e68e170c82aull);
+  EXPECT_EQ(val_rank("abcdefghij"), 0xf3366c5898caa00full);  // 8-byte word + 2-byte tail
+  EXPECT_EQ(val_threshold(0.25), 0x4000000000000000ull);
+  EXPECT_EQ(val_threshold(0.0), 0u);
+  EXPECT_EQ(val_threshold(0.01), uint64_t(0.01 * 18446744073709551616.0));
 }
 
 // Decoded documents of a shard (BOS ... EOS stripped by decode).
@@ -160,25 +159,35 @@ TEST(PrepareData, WritesShardsThatDecodeToTheCorpus) {
   const PreparedData p = prepare_data(c, 2, false, &st);
   EXPECT_TRUE(is_prepared(c));
   EXPECT_EQ(st.train_documents + st.val_documents, 8);
-  EXPECT_EQ(st.val_documents, 2);  // round(8 * 0.25)
+  // No poem's rank is below 0.25 * 2^64 (Python, see ValSplit), so the small-corpus rule holds
+  // out the lowest-ranked one, "<EOS> is text" (rank 0x4d73...).
+  EXPECT_EQ(st.val_documents, 1);
   auto tok = load_tokenizer(p.tokenizer_path);
   EXPECT_EQ(st.vocab_size, tok->vocab_size());
-  const auto is_val = val_split(8, 0.25);
-  Docs want_train, want_val;
-  for (size_t i = 0; i < kPoems.size(); ++i) (is_val[i] ? want_val : want_train).push_back(kPoems[i]);
+  Docs want_train, want_val = {"<EOS> is text"};
+  for (const auto& d : kPoems)
+    if (d != "<EOS> is text") want_train.push_back(d);
   // Val characters missing from the train split decode as nothing (UNK); compare train exactly
   // and val after encoding with the same tokenizer.
-  EXPECT_EQ(shard_docs(p.train_shard, *tok), want_train);
+  ASSERT_EQ(p.train_shards.size(), 1u);
+  ASSERT_EQ(p.val_shards.size(), 1u);
+  EXPECT_EQ(shard_docs(p.train_shards[0], *tok), want_train);
   Docs val_expect;
   for (const auto& d : want_val) val_expect.push_back(tok->decode(tok->encode(d)));
-  EXPECT_EQ(shard_docs(p.val_shard, *tok), val_expect);
+  EXPECT_EQ(shard_docs(p.val_shards[0], *tok), val_expect);
   // Token count: code points + BOS + EOS per document (train split).
   int64_t want_tokens = 0;
   for (const auto& d : want_train) want_tokens += int64_t(tok->encode(d).size()) + 2;
   EXPECT_EQ(st.train_tokens, want_tokens);
-  TokenDataset ds(p.train_shard, "packed", 4);
+  TokenDataset ds(p.train_shards, "packed", 4);
   EXPECT_NO_THROW(ds.check_tokenizer(*tok));
-  EXPECT_EQ(test::list_dir(c.cache_dir), "manifest.json;tokenizer.mllm;train.bin;val.bin;");
+  const std::string fp = data_fingerprint(c);
+  EXPECT_EQ(test::list_dir(c.cache_dir), fp + ";");
+  EXPECT_EQ(p.dir, (std::filesystem::path(c.cache_dir) / fp).string());
+  // The pass-1 record (split.json) stays for re-runs; the lock file stays (deleting it would let
+  // a waiting job lock a file a third one no longer sees); the pieces are gone.
+  EXPECT_EQ(test::list_dir(p.dir),
+            ".prepare.lock;manifest.json;split.json;tokenizer.mllm;train-00000.bin;val-00000.bin;");
 }
 
 TEST(PrepareData, ByteIdenticalAcrossRunsAndThreadCounts) {
@@ -191,15 +200,18 @@ TEST(PrepareData, ByteIdenticalAcrossRunsAndThreadCounts) {
     DataConfig b = a;
     a.cache_dir = dir / (std::string(type) + "_a");
     b.cache_dir = dir / (std::string(type) + "_b");
+    b.prepare_memory_mb = 64;  // the budget never changes the output
     const auto pa = prepare_data(a, 1, false);
-    const auto pb = prepare_data(b, 2, false);
+    const auto pb = prepare_data(b, 3, false);
     for (auto [fa, fb] : {std::pair{pa.tokenizer_path, pb.tokenizer_path},
-                          std::pair{pa.train_shard, pb.train_shard},
-                          std::pair{pa.val_shard, pb.val_shard}}) {
+                          std::pair{pa.train_shards[0], pb.train_shards[0]},
+                          std::pair{pa.val_shards[0], pb.val_shards[0]}}) {
       EXPECT_EQ(test::slurp(fa), test::slurp(fb)) << type << " " << fa;
       EXPECT_FALSE(test::slurp(fa).empty());
     }
-    EXPECT_EQ(test::slurp(manifest_path(a)), test::slurp(manifest_path(b)));
+    const std::string fp = data_fingerprint(a);
+    EXPECT_EQ(fp, data_fingerprint(b));
+    EXPECT_EQ(test::slurp(manifest_path(a, fp)), test::slurp(manifest_path(b, fp)));
   }
 }
 
@@ -224,7 +236,7 @@ TEST(PrepareData, CacheIsStaleWhenCorpusOrSettingsChange) {
   // A removed shard or a manifest from a killed run also means "not prepared".
   test::write_file(dir / "p.jsonl", jsonl_of(kPoems));
   EXPECT_TRUE(is_prepared(c));
-  std::filesystem::remove(prepared_paths(c).val_shard);
+  std::filesystem::remove(load_prepared(c, data_fingerprint(c)).val_shards[0]);
   EXPECT_FALSE(is_prepared(c));
   // Re-preparing from the same data reuses the cached tokenizer.
   PrepareStats st;
@@ -258,7 +270,7 @@ TEST(PrepareData, CommittedTang300Sample) {
   prepare_data(c, 2, false, &st);
   // Counted independently with Python: 366 poems, 29202 code points of text.
   EXPECT_EQ(st.train_documents + st.val_documents, 366);
-  EXPECT_EQ(st.val_documents, 4);  // round(3.66)
+  EXPECT_EQ(st.val_documents, 1);  // ranks below 0.01 * 2^64, counted with Python
   // Train tokens + val tokens = text code points + 2 per poem.
   EXPECT_EQ(st.train_tokens + st.val_tokens, 29202 + 2 * 366);
   EXPECT_TRUE(is_prepared(c));
