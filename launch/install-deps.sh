@@ -36,6 +36,7 @@ PACKAGES=(
   libsentencepiece-dev zlib1g-dev libzstd-dev libsimdjson-dev   # .gz / .zst / .jsonl corpora
   libgtest-dev libbenchmark-dev
   xz-utils                    # the embedded corpus is .jsonl.xz
+  zstd                        # tests: .zst corpus files (bench/make_corpus.py)
   gnuplot-nox                 # sweep plots
   procps                      # pgrep: launch/sweep.sh stops the trainers of a point by session
   slurmctld slurmd slurm-client munge   # tests/launch/slurm_live.sh: a real one-node Slurm
