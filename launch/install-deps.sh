@@ -5,7 +5,8 @@
 #
 #   launch/install-deps.sh            build + tests + main job
 #   launch/install-deps.sh --dev      also numpy in .venv (golden-value scripts, ../shared/peer)
-# Environment: MLLM_VENV (default <repo>/.venv), MLLM_TORCH_VERSION (default 2.11.0), PYTHON.
+# Environment: MLLM_VENV (default <repo>/.venv), MLLM_TORCH_VERSION (default 2.11.0),
+# MLLM_PYARROW_VERSION (default 26.0.1), PYTHON.
 set -euo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -22,6 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MLLM_VENV:-$ROOT/.venv}"
 # The version on our GPU machines (PyTorch 2.11 + CUDA 13): CPU and GPU runs link the same LibTorch.
 TORCH_VERSION="${MLLM_TORCH_VERSION:-2.11.0}"
+PYARROW_VERSION="${MLLM_PYARROW_VERSION:-26.0.1}"
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -81,6 +83,17 @@ else
   [ -x "$VENV/bin/python3" ] || "$PYTHON" -m venv "$VENV"
   echo "install-deps.sh: pip install torch==$TORCH_VERSION into $VENV"
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "torch==$TORCH_VERSION"
+fi
+# Apache Arrow's C++ libraries with their headers, from PyPI's pyarrow wheel (as LibTorch from
+# torch's): mllm-prepare reads Parquet corpora through them (data/parquet_module).
+if ! "$VENV/bin/python3" - "$PYARROW_VERSION" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+sys.exit(version("pyarrow") != sys.argv[1])
+PY
+then
+  echo "install-deps.sh: pip install pyarrow==$PYARROW_VERSION into $VENV"
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "pyarrow==$PYARROW_VERSION"
 fi
 if [ "$DEV" -eq 1 ]; then
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir numpy

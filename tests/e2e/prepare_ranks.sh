@@ -9,7 +9,7 @@ source "$(dirname "$0")/common.sh"
 
 formats=jsonl,txt,jsonl.gz,txt.zst
 [ "${MLLM_PARQUET:-0}" = 1 ] && formats=$formats,parquet
-python3 "$MLLM_SOURCE_DIR/bench/make_corpus.py" "$WORK/corpus" --bytes 1.2e6 --files 6 \
+"${MLLM_TORCH_PYTHON:-python3}" "$MLLM_SOURCE_DIR/bench/make_corpus.py" "$WORK/corpus" --bytes 1.2e6 --files 6 \
   --formats "$formats" --source "$CORPUS" > "$WORK/corpus.txt" || fail "make_corpus"
 # Small files as well: they share segments.
 for k in 1 2 3; do head -n $((k * 5)) "$CORPUS" > "$WORK/corpus/small-$k.jsonl"; done

@@ -22,6 +22,7 @@
 #include "mllm/core/error.h"
 #include "mllm/data/hash.h"
 #include "mllm/data/input_file.h"
+#include "mllm/data/parquet_file.h"
 #include "mllm/data/utf8.h"
 
 namespace mllm {
@@ -252,8 +253,9 @@ class Pipeline {
 // The reader thread: decompresses each segment's parts and cuts them into pieces; every segment
 // gets at least one piece, its last one flagged.
 void read_pieces(const std::vector<std::string>& files, const std::vector<CorpusSegment>& segments,
-                 const std::vector<CorpusFileKind>& kinds, bool blank_line_docs,
+                 const std::vector<CorpusFileKind>& kinds, const DataConfig& cfg,
                  size_t chunk_bytes, Pipeline& pipe, std::vector<int64_t>& disk_bytes) {
+  const bool blank_line_docs = cfg.doc_separator == "blank_line";
   constexpr size_t kRead = size_t(1) << 20;
   int64_t index = 0;
   int64_t segment = segments.empty() ? 0 : segments.front().index;  // being read
@@ -278,12 +280,72 @@ void read_pieces(const std::vector<std::string>& files, const std::vector<Corpus
     held = std::move(c);
     return true;
   };
+  // .parquet: documents straight from the reader.
+  auto emit_docs = [&](const CorpusSegment& seg, const SegmentPart& part, int64_t row_group,
+                       int64_t first_row, std::vector<std::string> docs, int64_t bytes) {
+    if (!send_held(false)) return false;
+    auto c = std::make_unique<CorpusChunk>();
+    c->index = index++;
+    c->segment = seg.index;
+    c->file = part.file;
+    c->parsed = true;
+    c->row_group = row_group;
+    c->first_row = first_row;
+    c->text_bytes = bytes;
+    c->docs = std::move(docs);
+    held = std::move(c);
+    return true;
+  };
+  const CorpusSegment* current = nullptr;
+  auto read_parquet_part = [&](const std::string& path, const SegmentPart& part,
+                               const std::string& column, int64_t piece_bytes, auto& emit,
+                               int64_t& disk, bool& any) {
+    ParquetFile file(path, column);
+    const int64_t end = part.end < 0 ? file.row_groups() : part.end;
+    for (int64_t rg = part.begin; rg < end; ++rg) {
+      std::vector<std::string> docs;
+      int64_t bytes = 0, row = 0, first_row = 0;
+      bool ok = true;
+      auto flush = [&] {
+        ok = emit(*current, part, rg, first_row, std::move(docs), bytes);
+        any = true;
+        docs.clear();
+        bytes = 0;
+        first_row = row;
+        return ok;
+      };
+      file.read_row_group(rg, [&](std::string_view text, bool is_null) {
+        if (is_null) {
+          if (!docs.empty() && !flush()) return false;  // the rows before it come first
+          throw DataError(fmt::format("{}: row group {}, row {} (0-based): the text column '{}' "
+                                      "is null; drop such rows or fill them",
+                                      path, rg, row, column));
+        }
+        docs.emplace_back(text);
+        bytes += int64_t(text.size());
+        ++row;
+        if (bytes >= piece_bytes && !flush()) return false;
+        return !pipe.stopped();
+      });
+      if (!ok || pipe.stopped()) return false;
+      if (!docs.empty() && !flush()) return false;
+      disk += file.row_group_bytes(rg);
+    }
+    return true;
+  };
   try {
     for (const auto& seg : segments) {
       segment = seg.index;
+      current = &seg;
       bool any = false;
       for (const auto& part : seg.parts) {
         const std::string& path = files[part.file];
+        if (kinds[part.file].format == "parquet") {
+          if (!read_parquet_part(path, part, cfg.text_field, int64_t(chunk_bytes), emit_docs,
+                                 disk_bytes[part.file], any))
+            return;
+          continue;
+        }
         auto src = kinds[part.file].compression.empty() ? open_raw_range(path, part.begin, part.end)
                                                          : open_corpus_file(path);
         std::string buf;
@@ -326,6 +388,29 @@ void read_pieces(const std::vector<std::string>& files, const std::vector<Corpus
     pipe.push(std::move(c));
   }
   pipe.reader_finished();
+}
+
+// .parquet documents as the reader gave them: UTF-8 checked (or repaired, data.invalid_utf8),
+// blank ones dropped; the text is kept byte for byte otherwise.
+void check_parquet_docs(CorpusChunk& c, const std::string& path, const DataConfig& cfg) {
+  std::vector<std::string> kept;
+  kept.reserve(c.docs.size());
+  for (size_t i = 0; i < c.docs.size(); ++i) {
+    std::string& d = c.docs[i];
+    if (!simdjson::validate_utf8(d.data(), d.size())) {
+      const size_t bad = utf8_find_invalid(d);
+      if (bad != std::string_view::npos) {
+        if (cfg.invalid_utf8 != "replace")
+          throw DataError(fmt::format(
+              "{}: row group {}, row {} (0-based): invalid UTF-8 at byte {} of the text (bytes "
+              "{}); fix the file or set data.invalid_utf8: replace to substitute U+FFFD",
+              path, c.row_group, c.first_row + int64_t(i), bad + 1, hex_bytes(d, bad, 4)));
+        d = utf8_replace_invalid(d);
+      }
+    }
+    if (!is_blank(d)) kept.push_back(std::move(d));
+  }
+  c.docs = std::move(kept);
 }
 
 // Splits bytes of a piece into documents; first_line is the absolute line number.
@@ -406,6 +491,32 @@ std::vector<CorpusSegment> plan_segments(const std::vector<std::string>& files,
   for (size_t f = 0; f < files.size(); ++f) {
     FileBytes bytes(files[f]);
     const int64_t size = bytes.size();
+    const CorpusFileKind kind = corpus_file_kind(files[f]);
+    if (kind.format == "parquet") {
+      // Opened here as well when small, so that a missing column stops the plan at once.
+      ParquetFile pq(files[f], cfg.text_field);
+      if (size > segment_bytes) {
+        close_group();
+        CorpusSegment s;
+        for (int64_t rg = 0; rg < pq.row_groups(); ++rg) {
+          const int64_t b = pq.row_group_bytes(rg);
+          if (!s.parts.empty() && s.disk_bytes + b > segment_bytes) {
+            s.index = int64_t(out.size());
+            out.push_back(std::move(s));
+            s = CorpusSegment();
+          }
+          if (s.parts.empty()) s.parts.push_back({f, rg, rg + 1});
+          s.parts.back().end = rg + 1;
+          s.disk_bytes += b;
+        }
+        if (!s.parts.empty()) {
+          if (s.parts.back().end == pq.row_groups()) s.parts.back().end = -1;
+          s.index = int64_t(out.size());
+          out.push_back(std::move(s));
+        }
+        continue;
+      }
+    }
     if (size <= segment_bytes) {
       if (group.disk_bytes + size > segment_bytes) close_group();
       group.parts.push_back({f, 0, -1});
@@ -413,7 +524,7 @@ std::vector<CorpusSegment> plan_segments(const std::vector<std::string>& files,
       continue;
     }
     close_group();
-    if (!corpus_file_kind(files[f]).compression.empty()) {  // a stream: read whole
+    if (!kind.compression.empty()) {  // a stream: read whole
       CorpusSegment s;
       s.index = int64_t(out.size());
       s.parts.push_back({f, 0, -1});
@@ -448,7 +559,6 @@ CorpusStreamStats stream_segments(const std::vector<std::string>& files,
   if (failed_segment) *failed_segment = -1;
   std::vector<CorpusFileKind> kinds;
   for (const auto& f : files) kinds.push_back(corpus_file_kind(f));
-  const bool blank_line_docs = cfg.doc_separator == "blank_line";
   Pipeline pipe(size_t(2 * threads + 2));
   CorpusStreamStats st;
   std::vector<int64_t> disk_bytes(files.size(), 0);
@@ -457,8 +567,14 @@ CorpusStreamStats stream_segments(const std::vector<std::string>& files,
     while (auto c = pipe.take()) {
       if (!c->error) {
         try {
-          const std::string_view text(c->bytes.data(), size_t(c->text_bytes));
           const std::string& path = files[c->file];
+          if (c->parsed) {
+            check_parquet_docs(*c, path, cfg);
+            work(w, *c);
+            pipe.finished(std::move(c));
+            continue;
+          }
+          const std::string_view text(c->bytes.data(), size_t(c->text_bytes));
           try {
             parse_piece(text, c->first_line, path, kinds[c->file], cfg, c->docs);
           } catch (const DataError&) {
@@ -481,7 +597,7 @@ CorpusStreamStats stream_segments(const std::vector<std::string>& files,
     }
   };
   std::thread reader([&] {
-    read_pieces(files, segments, kinds, blank_line_docs,
+    read_pieces(files, segments, kinds, cfg,
                 size_t(std::max<int64_t>(1, chunk_bytes)), pipe, disk_bytes);
   });
   std::vector<std::thread> pool;

@@ -1,6 +1,7 @@
 // Reading the raw corpus named by `data.corpus`: .txt (one document per line, or blocks separated
 // by blank lines) and .jsonl (one JSON object per line, text in `data.text_field`), each plain or
-// compressed (.gz, .zst), with UTF-8 validation that names the file and line of every problem.
+// compressed (.gz, .zst), and .parquet (the string column `data.text_field`), with UTF-8
+// validation that names the file and line (or row group and row) of every problem.
 // stream_corpus() reads any corpus size in bounded memory; read_corpus() loads a small one whole.
 #pragma once
 
@@ -26,8 +27,9 @@ std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& pa
 // threads.
 struct SegmentPart {
   size_t file = 0;     // index into the file list
-  int64_t begin = 0;   // plain file: byte offset of the first document's first byte; else 0
-  int64_t end = -1;    // plain file: one past the last byte; -1 = to the end of the file
+  int64_t begin = 0;   // plain file: byte offset of the first document's first byte;
+                       // .parquet: first row group; else 0
+  int64_t end = -1;    // one past the last byte / row group; -1 = to the end of the file
 };
 struct CorpusSegment {
   int64_t index = 0;               // position in the plan: documents of segment s come before s+1's
@@ -42,8 +44,10 @@ struct CorpusSegment {
 //   - a larger plain (.txt / .jsonl) file is cut into byte ranges, each boundary moved forward to
 //     the next document start (a line start; for doc_separator=blank_line a line start after a
 //     blank line), so every document is read whole by exactly one segment;
-//   - a larger compressed file is one segment (a gzip or zstd stream is read from its start).
-// Reads only the few bytes around each boundary. Throws DataError when a file cannot be read.
+//   - a larger compressed file is one segment (a gzip or zstd stream is read from its start);
+//   - a larger .parquet file is cut into runs of row groups (by their compressed bytes).
+// Reads only the few bytes around each boundary (and Parquet footers). Throws DataError when a
+// file cannot be read, or a .parquet file lacks the string column data.text_field.
 std::vector<CorpusSegment> plan_segments(const std::vector<std::string>& files,
                                          const DataConfig& cfg, int64_t segment_bytes);
 
@@ -59,6 +63,9 @@ struct CorpusChunk {
   size_t file = 0;           // index into the file list
   int64_t part_begin = 0;    // SegmentPart::begin of the part it was read from
   int64_t first_line = 1;    // 1-based line number of its first line, counted from part_begin
+  bool parsed = false;       // .parquet: docs were filled by the reader (no text to parse)
+  int64_t row_group = -1;    // .parquet: the row group its documents come from
+  int64_t first_row = 0;     // .parquet: row (0-based, in the row group) of its first document
   int64_t text_bytes = 0;    // decompressed bytes of the piece
   std::vector<std::string> docs;  // its documents, in file order (filled before `work` runs)
   // Free for the caller: what `work` computes per document for `done` (token ids, lengths,

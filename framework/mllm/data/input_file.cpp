@@ -188,13 +188,13 @@ CorpusFileKind corpus_file_kind(const std::string& path) {
     p = p.stem();
     ext = p.extension().string();
   }
-  if (ext == ".txt" || ext == ".jsonl") {
+  if (ext == ".txt" || ext == ".jsonl" || (ext == ".parquet" && kind.compression.empty())) {
     kind.format = ext.substr(1);
     return kind;
   }
   throw DataError(fmt::format("data.corpus file '{}': mllm reads .txt (plain text) and .jsonl "
                               "(one JSON object per line), each also compressed as .gz or .zst "
-                              "(e.g. .jsonl.zst); got '{}'",
+                              "(e.g. .jsonl.zst), and .parquet (a string column); got '{}'",
                               path, std::filesystem::path(path).filename().string()));
 }
 

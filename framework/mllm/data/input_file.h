@@ -10,9 +10,9 @@
 namespace mllm {
 
 // What a corpus file holds, from its name: FORMAT[.COMPRESSION] with FORMAT txt | jsonl and
-// COMPRESSION none | gz | zst (e.g. "part-0001.jsonl.zst").
+// COMPRESSION none | gz | zst (e.g. "part-0001.jsonl.zst"), or .parquet (compressed inside).
 struct CorpusFileKind {
-  std::string format;       // "txt" or "jsonl"
+  std::string format;       // "txt", "jsonl" or "parquet"
   std::string compression;  // "", "gz" or "zst"
 };
 
