@@ -170,9 +170,14 @@ void validate(const Recipe& r, const ComposedYaml& c) {
   if (r.train.stop_at_step && *r.train.stop_at_step > r.train.max_steps)
     fail("train.stop_at_step", fmt::format("train.stop_at_step={} is past train.max_steps={}",
                                            *r.train.stop_at_step, r.train.max_steps));
-  if (r.data.corpus.empty())
-    fail("data.corpus", "no corpus given; list .txt or .jsonl files or globs, e.g. "
-                        "[data/tang300/*.jsonl]");
+  if (!r.data.sources.empty() && !r.data.corpus.empty())
+    fail("data.sources",
+         fmt::format("data.corpus is set too (at {}); a recipe trains on data.corpus or on the "
+                     "mixture data.sources: set data.corpus: [] to train on the sources",
+                     c.locate("data.corpus").str()));
+  if (r.data.corpus.empty() && r.data.sources.empty())
+    fail("data.corpus", "no corpus given; list .txt, .jsonl or .parquet files or globs, e.g. "
+                        "[data/tang300/*.jsonl], or a mixture under data.sources");
 }
 
 Recipe build(const ComposedYaml& composed, const std::string& source, RecipePlugins plugins) {

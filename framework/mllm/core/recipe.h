@@ -30,8 +30,16 @@ struct TokenizerConfig {
   Options options;             // data.tokenizer.options: what the tokenizer type declares (options.h)
 };
 
+// One source of a mixture (data.sources): its files, and how often its sequences are drawn.
+struct DataSource {
+  std::string name;                      // for logs and metrics; default "source<i>"
+  std::vector<std::string> corpus;       // files or globs, as data.corpus
+  double weight = 1.0;                   // > 0: share of sequences = weight / sum of weights
+};
+
 struct DataConfig {
-  std::vector<std::string> corpus;       // .txt / .jsonl files or globs, relative to cwd
+  std::vector<std::string> corpus;       // .txt / .jsonl / .parquet files or globs, relative to cwd
+  std::vector<DataSource> sources;       // a mixture instead of data.corpus (empty = none)
   std::string text_field = "text";       // .jsonl field holding the document text
   std::string doc_separator = "line";    // .txt: line (one doc per line) | blank_line
   std::string invalid_utf8 = "error";    // error | replace (with U+FFFD)

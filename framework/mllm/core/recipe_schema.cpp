@@ -126,6 +126,74 @@ KeySpec key(const char* name, std::string& ref, const char* help,
       [&ref] { return YAML::Node(ref); }, std::move(aliases));
 }
 
+// data.sources: a list of {corpus: [files], weight: W, name: N}.
+KeySpec sources_key(std::vector<DataSource>& ref) {
+  return leaf(
+      "sources", "list of {corpus, weight, name}",
+      "a mixture instead of data.corpus: each source's sequences are drawn with probability "
+      "weight / sum of weights (name: for logs and metrics)",
+      [&ref](const YAML::Node& n) {
+        std::vector<DataSource> out;
+        if (n.IsNull()) {
+          ref = out;
+          return;
+        }
+        if (!n.IsSequence()) expected("a list of {corpus: [...], weight: W}", n);
+        for (const auto& item : n) {
+          if (!item.IsMap()) expected("a list of {corpus: [...], weight: W}", n);
+          DataSource s;
+          s.name = "source" + std::to_string(out.size());
+          bool has_corpus = false;
+          for (const auto& kv : item) {
+            const std::string k = kv.first.Scalar();
+            const YAML::Node& v = kv.second;
+            if (k == "corpus") {
+              has_corpus = true;
+              if (v.IsScalar()) {
+                s.corpus.push_back(parse_string(v));
+              } else if (v.IsSequence()) {
+                for (const auto& f : v) s.corpus.push_back(parse_string(f));
+              } else {
+                expected("corpus: a list of files or globs", v);
+              }
+            } else if (k == "weight") {
+              s.weight = parse_double(v);
+              if (!(s.weight > 0))
+                throw std::invalid_argument(fmt::format(
+                    "source {}: weight must be > 0, got {}", out.size(), s.weight));
+            } else if (k == "name") {
+              s.name = parse_string(v);
+            } else {
+              throw std::invalid_argument(fmt::format(
+                  "source {}: unknown key '{}'; a source has corpus, weight and name", out.size(), k));
+            }
+          }
+          if (!has_corpus || s.corpus.empty())
+            throw std::invalid_argument(
+                fmt::format("source {}: no corpus; give it corpus: [files or globs]", out.size()));
+          for (const auto& other : out)
+            if (other.name == s.name)
+              throw std::invalid_argument("two sources are named '" + s.name + "'");
+          out.push_back(std::move(s));
+        }
+        ref = std::move(out);
+      },
+      [&ref] {
+        YAML::Node list(YAML::NodeType::Sequence);
+        for (const auto& s : ref) {
+          YAML::Node m(YAML::NodeType::Map);
+          m["name"] = s.name;
+          YAML::Node files(YAML::NodeType::Sequence);
+          for (const auto& f : s.corpus) files.push_back(f);
+          files.SetStyle(YAML::EmitterStyle::Flow);
+          m["corpus"] = files;
+          m["weight"] = write_double(s.weight);
+          list.push_back(m);
+        }
+        return list;
+      });
+}
+
 KeySpec key(const char* name, std::vector<std::string>& ref, const char* help) {
   return leaf(
       name, "list of strings", help,
@@ -336,7 +404,8 @@ KeySpec recipe_schema(Recipe& r) {
           key("seed", r.run.seed, "seed for initialisation, sampler order and dropout", at_least(0)),
       }),
       section("data", "corpus, tokenizer and sequences", {
-          key("corpus", d.corpus, ".txt or .jsonl files or globs (relative to the working directory)"),
+          key("corpus", d.corpus, ".txt, .jsonl (each also .gz / .zst) or .parquet files or globs (relative to the working directory)"),
+          sources_key(d.sources),
           key("text_field", d.text_field, ".jsonl field holding the text"),
           key("doc_separator", d.doc_separator, ".txt documents: one per line, or separated by blank lines",
               {"line", "blank_line"}),

@@ -100,4 +100,29 @@ Batch TokenDataset::get(const std::vector<int64_t>& indices) const {
   return {inputs, targets};
 }
 
+Batch get_mixture(const std::vector<std::unique_ptr<TokenDataset>>& sources,
+                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& ids) {
+  MLLM_CHECK(!sources.empty() && sources.size() == offsets.size(), "get_mixture: bad sources");
+  const int64_t seq = sources[0]->seq_len();
+  auto inputs = torch::empty({int64_t(ids.size()), seq}, torch::kInt64);
+  auto targets = torch::empty({int64_t(ids.size()), seq}, torch::kInt64);
+  std::vector<std::vector<int64_t>> rows(sources.size()), local(sources.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const int64_t g = ids[r];
+    const auto s = size_t(std::upper_bound(offsets.begin(), offsets.end(), g) - offsets.begin());
+    if (s == 0 || g - offsets[s - 1] >= sources[s - 1]->size())
+      throw Error(fmt::format("mixture sequence id {} is outside every source", g));
+    rows[s - 1].push_back(int64_t(r));
+    local[s - 1].push_back(g - offsets[s - 1]);
+  }
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (rows[s].empty()) continue;
+    const Batch part = sources[s]->get(local[s]);
+    const auto where = torch::tensor(rows[s], torch::kInt64);
+    inputs.index_copy_(0, where, part.inputs);
+    targets.index_copy_(0, where, part.targets);
+  }
+  return {inputs, targets};
+}
+
 }  // namespace mllm

@@ -72,4 +72,11 @@ class TokenDataset {
   bool packed_ = true;
 };
 
+// Rows `ids` of a mixture of datasets (data.sources) as one batch, in the order of `ids`:
+// global id g belongs to source s with offsets[s] <= g < offsets[s] + sources[s]->size() and
+// stands for its sequence g - offsets[s] (MixtureSampler's ids). Throws mllm::Error for an id
+// outside every source.
+Batch get_mixture(const std::vector<std::unique_ptr<TokenDataset>>& sources,
+                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& ids);
+
 }  // namespace mllm

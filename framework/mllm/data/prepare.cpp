@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <chrono>
@@ -111,7 +112,73 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-std::string shard_name(const char* split, size_t n) { return fmt::format("{}-{:05d}.bin", split, n); }
+// A single corpus's shards are train-00000.bin, ...; source k of a mixture's s<k>-train-00000.bin.
+std::string shard_name(int source, bool mixture, const char* split, size_t n) {
+  if (!mixture) return fmt::format("{}-{:05d}.bin", split, n);
+  return fmt::format("s{:02d}-{}-{:05d}.bin", source, split, n);
+}
+
+// The corpus as sources: data.corpus is one source; data.sources are each one.
+struct Sources {
+  std::vector<std::string> files;           // every file, source by source
+  std::vector<size_t> first_file;            // per source: index of its first file; then files.size()
+  bool mixture = false;
+  size_t count() const { return first_file.size() - 1; }
+};
+Sources resolve_sources(const DataConfig& cfg) {
+  Sources s;
+  s.mixture = !cfg.sources.empty();
+  if (!s.mixture) {
+    s.files = resolve_corpus_files(cfg.corpus);
+    s.first_file = {0, s.files.size()};
+    return s;
+  }
+  s.first_file.push_back(0);
+  for (size_t k = 0; k < cfg.sources.size(); ++k) {
+    std::vector<std::string> files;
+    try {
+      files = resolve_corpus_files(cfg.sources[k].corpus);
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("data.sources[{}] ({}): {}", k, cfg.sources[k].name, e.what()));
+    }
+    s.files.insert(s.files.end(), files.begin(), files.end());
+    s.first_file.push_back(s.files.size());
+  }
+  return s;
+}
+
+// The plan of every source in turn (a segment never holds two sources' files); `source_of`
+// receives each segment's source.
+std::vector<CorpusSegment> plan_sources(const Sources& src, const DataConfig& cfg,
+                                        std::vector<int>& source_of) {
+  std::vector<CorpusSegment> plan;
+  source_of.clear();
+  for (size_t k = 0; k < src.count(); ++k) {
+    const std::vector<std::string> files(src.files.begin() + std::ptrdiff_t(src.first_file[k]),
+                                         src.files.begin() + std::ptrdiff_t(src.first_file[k + 1]));
+    for (auto seg : plan_segments(files, cfg, cfg.prepare_segment_bytes)) {
+      seg.index = int64_t(plan.size());
+      for (auto& part : seg.parts) part.file += src.first_file[k];
+      plan.push_back(std::move(seg));
+      source_of.push_back(int(k));
+    }
+  }
+  return plan;
+}
+
+// The corpus part of the data fingerprint from every file's hash: the single corpus's as it
+// always was; a mixture's source by source.
+uint64_t corpus_hash_of(const Sources& src, const std::vector<FileContentHash>& hashes) {
+  if (!src.mixture) return combine_content_hashes(hashes);
+  Fnv1a64 h;
+  h.update(std::string_view("mllm-sources"));
+  h.update_u64(src.count());
+  for (size_t k = 0; k < src.count(); ++k)
+    h.update_u64(combine_content_hashes(std::vector<FileContentHash>(
+        hashes.begin() + std::ptrdiff_t(src.first_file[k]),
+        hashes.begin() + std::ptrdiff_t(src.first_file[k + 1]))));
+  return h.value();
+}
 
 std::string piece_path(const std::string& dir, const CorpusSegment& seg, const char* split) {
   return (fs::path(dir) / "pieces" / fmt::format("seg-{:06d}-{}.{}.bin", seg.index, seg.id(), split))
@@ -505,15 +572,16 @@ std::string fingerprint_of(const DataConfig& cfg, uint64_t corpus_hash) {
 }  // namespace
 
 std::string data_fingerprint(const DataConfig& cfg) {
-  return fingerprint_of(cfg, corpus_content_hash(resolve_corpus_files(cfg.corpus)));
+  SingleGroup one;
+  return data_fingerprint(cfg, one);
 }
 
 std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group) {
-  if (group.size() == 1) return data_fingerprint(cfg);
-  std::vector<std::string> files;
+  Sources src;
+  std::vector<std::string>& files = src.files;
   std::string mine;
   const Failure failed = attempt([&] {
-    files = resolve_corpus_files(cfg.corpus);
+    src = resolve_sources(cfg);
     std::vector<int64_t> sizes;
     for (const auto& f : files) sizes.push_back(int64_t(fs::file_size(f, ec_ignore())));
     const auto assigned = assign_segments(sizes, group.size());
@@ -533,7 +601,7 @@ std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group) {
       hashes.at(i).hash = in.u64();
     }
   }
-  return fingerprint_of(cfg, combine_content_hashes(hashes));
+  return fingerprint_of(cfg, corpus_hash_of(src, hashes));
 }
 
 bool is_prepared(const DataConfig& cfg, const std::string& fp) {
@@ -573,6 +641,12 @@ PreparedData load_prepared(const DataConfig& cfg, const std::string& fp) {
     p.tokenizer_path = (fs::path(dir) / manifest.at("tokenizer").get<std::string>()).string();
     p.train_shards = shard_paths(dir, manifest.at("train"));
     p.val_shards = shard_paths(dir, manifest.at("val"));
+    if (manifest.contains("sources")) {
+      for (const auto& one : manifest.at("sources"))
+        p.sources.push_back({shard_paths(dir, one.at("train")), shard_paths(dir, one.at("val"))});
+    } else {
+      p.sources.push_back({p.train_shards, p.val_shards});
+    }
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("data cache '{}': damaged manifest ({}); re-run mllm-prepare", dir,
@@ -593,12 +667,14 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
   const bool lead = rank == 0;
   PrepareStats st;
   st.ranks = ranks;
-  const auto files = resolve_corpus_files(cfg.corpus);
+  const Sources src = resolve_sources(cfg);
+  const auto& files = src.files;
   st.corpus_files = int64_t(files.size());
   const std::string dir = prepared_dir(cfg, fp);
   st.chunk_bytes = chunk_bytes_for(cfg, threads);
   std::vector<CorpusSegment> plan;
-  const Failure plan_failed = attempt([&] { plan = plan_segments(files, cfg, cfg.prepare_segment_bytes); });
+  std::vector<int> source_of;
+  const Failure plan_failed = attempt([&] { plan = plan_sources(src, cfg, source_of); });
   agree(group, plan_failed);
   st.segments = int64_t(plan.size());
   std::vector<int64_t> seg_bytes;
@@ -814,42 +890,59 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
   // 3. Shards: the pieces in corpus order, cut at shard_tokens; every rank computes the same
   //    layout and writes every ranks-th shard.
   const auto t_asm = Clock::now();
-  std::vector<ShardLayout> layouts[2];
+  const char* names[2] = {"train", "val"};
+  // layouts[source][split]
+  std::vector<std::array<std::vector<ShardLayout>, 2>> layouts(src.count());
   const Failure assembled = attempt([&] {
     size_t next = 0;
-    const char* names[2] = {"train", "val"};
-    for (int sp = 0; sp < 2; ++sp) {
-      std::vector<std::string> pieces;
-      std::vector<ShardHeader> headers;
-      for (const auto& seg : plan) {
-        pieces.push_back(piece_path(dir, seg, names[sp]));
-        headers.push_back(read_shard_header(pieces.back()));
+    for (size_t k = 0; k < src.count(); ++k) {
+      for (int sp = 0; sp < 2; ++sp) {
+        std::vector<std::string> pieces;
+        std::vector<ShardHeader> headers;
+        for (const auto& seg : plan) {
+          if (source_of[size_t(seg.index)] != int(k)) continue;
+          pieces.push_back(piece_path(dir, seg, names[sp]));
+          headers.push_back(read_shard_header(pieces.back()));
+        }
+        layouts[k][size_t(sp)] = layout_split(pieces, headers, cfg.shard_tokens);
+        for (size_t j = 0; j < layouts[k][size_t(sp)].size(); ++j, ++next)
+          if (int(next % size_t(ranks)) == rank)
+            write_shard((fs::path(dir) / shard_name(int(k), src.mixture, names[sp], j)).string(),
+                        layouts[k][size_t(sp)][j], pieces, headers, *tok);
       }
-      layouts[sp] = layout_split(pieces, headers, cfg.shard_tokens);
-      for (size_t j = 0; j < layouts[sp].size(); ++j, ++next)
-        if (int(next % size_t(ranks)) == rank)
-          write_shard((fs::path(dir) / shard_name(names[sp], j)).string(), layouts[sp][j], pieces,
-                      headers, *tok);
     }
   });
   agree(group, assembled);
 
-  auto split_json = [](const char* name, const std::vector<ShardLayout>& l, int64_t& docs,
-                       int64_t& tokens, int64_t& n) {
-    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
-    docs = tokens = 0;
-    for (size_t i = 0; i < l.size(); ++i) {
-      shards.push_back({{"file", shard_name(name, i)},
-                        {"documents", l[i].documents},
-                        {"tokens", l[i].tokens}});
-      docs += l[i].documents;
-      tokens += l[i].tokens;
+  // Per split: every source's shards in turn ("train" / "val"), and per source for mixtures.
+  nlohmann::ordered_json split_j[2], sources_j = nlohmann::ordered_json::array();
+  int64_t docs[2] = {0, 0}, tokens[2] = {0, 0}, count[2] = {0, 0};
+  for (int sp = 0; sp < 2; ++sp) split_j[sp] = nlohmann::ordered_json::array();
+  for (size_t k = 0; k < src.count(); ++k) {
+    nlohmann::ordered_json one = nlohmann::ordered_json::object();
+    for (int sp = 0; sp < 2; ++sp) {
+      nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+      int64_t d = 0, t = 0;
+      const auto& l = layouts[k][size_t(sp)];
+      for (size_t i = 0; i < l.size(); ++i) {
+        const nlohmann::ordered_json entry = {
+            {"file", shard_name(int(k), src.mixture, names[sp], i)},
+            {"documents", l[i].documents},
+            {"tokens", l[i].tokens}};
+        shards.push_back(entry);
+        split_j[sp].push_back(entry);
+        d += l[i].documents;
+        t += l[i].tokens;
+      }
+      docs[sp] += d, tokens[sp] += t, count[sp] += int64_t(l.size());
+      one[names[sp]] = {{"documents", d}, {"tokens", t}, {"shards", shards}};
     }
-    n = int64_t(l.size());
-    return nlohmann::ordered_json{{"documents", docs}, {"tokens", tokens}, {"shards", shards}};
-  };
-  const auto train_j = split_json("train", layouts[0], st.train_documents, st.train_tokens, st.train_shards);
-  const auto val_j = split_json("val", layouts[1], st.val_documents, st.val_tokens, st.val_shards);
+    sources_j.push_back(one);
+  }
+  st.train_documents = docs[0], st.train_tokens = tokens[0], st.train_shards = count[0];
+  st.val_documents = docs[1], st.val_tokens = tokens[1], st.val_shards = count[1];
+  const nlohmann::ordered_json train_j = {{"documents", docs[0]}, {"tokens", tokens[0]}, {"shards", split_j[0]}};
+  const nlohmann::ordered_json val_j = {{"documents", docs[1]}, {"tokens", tokens[1]}, {"shards", split_j[1]}};
   st.vocab_size = tok->vocab_size();
   const Failure written = attempt([&] {
     if (!lead) return;
@@ -867,6 +960,7 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
         {"val", val_j},
         {"corpus", files},
     };
+    if (src.mixture) manifest["sources"] = sources_j;
     write_file_atomic(manifest_path(cfg, fp), manifest.dump(2) + "\n");
     std::error_code ec;
     fs::remove_all(pieces_dir, ec);  // their content is in the shards now

@@ -22,6 +22,12 @@ struct PreparedData {
   std::string tokenizer_path;            // <dir>/tokenizer.mllm (see write_tokenizer_file)
   std::vector<std::string> train_shards; // <dir>/train-00000.bin, ... (see shard.h), in order
   std::vector<std::string> val_shards;   // <dir>/val-00000.bin, ... (one, maybe empty, at least)
+  // Per source of a mixture (data.sources; shards s<k>-train-NNNNN.bin), in recipe order;
+  // train_shards / val_shards above are all of them in turn. One entry for data.corpus.
+  struct Source {
+    std::vector<std::string> train_shards, val_shards;
+  };
+  std::vector<Source> sources;
 };
 
 // Figures of one prepare_data() run (for mllm-prepare's closing lines); counts are of the whole
@@ -46,7 +52,8 @@ struct PrepareStats {
 };
 
 // Hex FNV-1a 64 of everything that decides the cache's content: shard/manifest format
-// versions, the corpus file contents in order, text_field, doc_separator, invalid_utf8,
+// versions, the corpus file contents in order (a mixture's source by source; not the weights or
+// names, which do not change the data), text_field, doc_separator, invalid_utf8,
 // val_fraction, shard_tokens, the tokenizer section. Not mode or seq_len (they only change how
 // shards are read) nor prepare_memory_mb / prepare_segment_bytes (they never change the
 // output). Reads every corpus file; with a group, each rank hashes a share of the files.

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "mllm/core/error.h"
@@ -101,12 +102,120 @@ std::vector<std::vector<int64_t>> DistributedSampler::next_step() {
 }
 
 void DistributedSampler::load_state(const SamplerState& s) {
+  if (!s.drawn.empty())
+    throw CheckpointError("the checkpoint's sampler drew from a mixture of data.sources; this "
+                          "recipe trains on one corpus: restore data.sources or start a new run");
   if (s.epoch < 0 || s.step_in_epoch < 0 || s.step_in_epoch >= steps_per_epoch_)
     throw CheckpointError(fmt::format("sampler state (epoch {}, step {}) does not fit this data "
                                       "({} steps per epoch); the checkpoint was made with other "
                                       "data or batch settings",
                                       s.epoch, s.step_in_epoch, steps_per_epoch_));
   state_ = s;
+}
+
+MixtureSampler::MixtureSampler(std::vector<int64_t> sizes, std::vector<double> weights,
+                               int64_t global_batch, int64_t micro_batch, int rank,
+                               int world_size, uint64_t seed)
+    : sizes_(std::move(sizes)),
+      global_batch_(global_batch),
+      micro_batch_(micro_batch),
+      rank_(rank),
+      world_size_(world_size),
+      seed_(seed) {
+  DistributedSampler check(global_batch, global_batch, micro_batch, rank, world_size, seed);
+  if (sizes_.empty() || sizes_.size() != weights.size())
+    throw ConfigError(fmt::format("mixture sampler: {} sources but {} weights", sizes_.size(),
+                                  weights.size()));
+  double total = 0;
+  int64_t offset = 0;
+  for (size_t s = 0; s < sizes_.size(); ++s) {
+    if (sizes_[s] < 1)
+      throw ConfigError(fmt::format("data.sources[{}] holds no training sequence (data.seq_len "
+                                    "too long for its text?); give it more text or drop it",
+                                    s));
+    if (!(weights[s] > 0))
+      throw ConfigError(fmt::format("data.sources[{}].weight = {} must be positive", s, weights[s]));
+    total += weights[s];
+    cumulative_.push_back(total);
+    offsets_.push_back(offset);
+    offset += sizes_[s];
+  }
+  drawn_.assign(sizes_.size(), 0);
+  cached_epoch_.assign(sizes_.size(), -1);
+  cached_perm_.resize(sizes_.size());
+}
+
+const std::vector<int64_t>& MixtureSampler::permutation(int source, int64_t epoch) {
+  const auto s = size_t(source);
+  if (cached_epoch_[s] != epoch) {
+    cached_perm_[s] = seeded_permutation(sizes_[s], epoch_seed(seed_ + 1 + uint64_t(source), epoch));
+    cached_epoch_[s] = epoch;
+  }
+  return cached_perm_[s];
+}
+
+std::vector<int> MixtureSampler::slot_sources(int64_t step) const {
+  uint64_t state = epoch_seed(seed_ ^ kMixtureSeed, step);
+  const double total = cumulative_.back();
+  std::vector<int> out(static_cast<size_t>(global_batch_));
+  for (auto& src : out) {
+    const double u = double(splitmix64(state) >> 11) * 0x1.0p-53 * total;
+    src = int(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin());
+    src = std::min(src, int(cumulative_.size()) - 1);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> MixtureSampler::next_step() {
+  // Every rank draws the whole global batch, so the draws per source stay the same everywhere.
+  std::vector<int64_t> ids;
+  ids.reserve(size_t(global_batch_));
+  for (int s : slot_sources(step_)) {
+    const int64_t j = drawn_[size_t(s)]++;
+    const int64_t n = sizes_[size_t(s)];
+    const int64_t epoch = j / n;
+    if (j > 0 && j % n == 0) new_epochs_.emplace_back(s, epoch);
+    ids.push_back(offsets_[size_t(s)] + permutation(s, epoch)[size_t(j % n)]);
+  }
+  ++step_;
+  const int64_t per_rank = global_batch_ / world_size_;
+  std::vector<std::vector<int64_t>> micro;
+  for (int64_t m = 0; m < accumulation_steps(); ++m) {
+    const auto first = ids.begin() + rank_ * per_rank + m * micro_batch_;
+    micro.emplace_back(first, first + micro_batch_);
+  }
+  return micro;
+}
+
+SamplerState MixtureSampler::state() const {
+  SamplerState s;
+  s.step_in_epoch = step_;
+  s.drawn = drawn_;
+  return s;
+}
+
+void MixtureSampler::load_state(const SamplerState& s) {
+  if (s.drawn.size() != sizes_.size())
+    throw CheckpointError(fmt::format(
+        "the checkpoint's sampler drew from {} data source(s), this recipe has {}; the mixture "
+        "cannot be continued (restore data.sources or start a new run)",
+        s.drawn.empty() ? 1 : s.drawn.size(), sizes_.size()));
+  for (int64_t d : s.drawn)
+    if (d < 0) throw CheckpointError("sampler state: a negative draw count");
+  if (s.step_in_epoch < 0) throw CheckpointError("sampler state: a negative step");
+  step_ = s.step_in_epoch;
+  drawn_ = s.drawn;
+  new_epochs_.clear();
+}
+
+std::vector<std::pair<int, int64_t>> MixtureSampler::take_new_epochs() {
+  std::vector<std::pair<int, int64_t>> out;
+  out.swap(new_epochs_);
+  return out;
+}
+
+int64_t MixtureSampler::source_of(int64_t id) const {
+  return int64_t(std::upper_bound(offsets_.begin(), offsets_.end(), id) - offsets_.begin()) - 1;
 }
 
 std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch) {

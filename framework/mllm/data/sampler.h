@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace mllm {
@@ -26,11 +27,25 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch);
 
 // Position in the sequence of global batches; the same for every rank and world size.
 struct SamplerState {
-  int64_t epoch = 0;
-  int64_t step_in_epoch = 0;
+  int64_t epoch = 0;          // MixtureSampler: 0
+  int64_t step_in_epoch = 0;  // MixtureSampler: global batches drawn so far
+  std::vector<int64_t> drawn; // MixtureSampler: sequences drawn from each source so far
 };
 
-class DistributedSampler {
+// What the trainer draws its batches from: this rank's micro-batches of each optimizer step.
+class BatchSampler {
+ public:
+  virtual ~BatchSampler() = default;
+  // This rank's micro-batches for the next optimizer step: accumulation_steps() vectors of
+  // micro_batch sequence ids. Advances one step.
+  virtual std::vector<std::vector<int64_t>> next_step() = 0;
+  virtual int64_t accumulation_steps() const = 0;
+  virtual SamplerState state() const = 0;
+  // Continues from `s` (saved by any world size). Throws CheckpointError when s does not fit.
+  virtual void load_state(const SamplerState& s) = 0;
+};
+
+class DistributedSampler : public BatchSampler {
  public:
   // Throws ConfigError when global_batch % (micro_batch * world_size) != 0, any size is not
   // positive, rank is outside [0, world_size), or num_sequences < global_batch (an epoch
@@ -41,17 +56,19 @@ class DistributedSampler {
   // This rank's micro-batches for the next optimizer step: accumulation_steps() vectors of
   // micro_batch sequence ids. Advances one step (into the next epoch after the last full
   // global batch).
-  std::vector<std::vector<int64_t>> next_step();
+  std::vector<std::vector<int64_t>> next_step() override;
 
   // All ids of global batch `step` of epoch `epoch` (every rank's part, in rank order).
   std::vector<int64_t> global_batch_ids(int64_t epoch, int64_t step) const;
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
-  int64_t accumulation_steps() const { return global_batch_ / (micro_batch_ * world_size_); }
-  SamplerState state() const { return state_; }
+  int64_t accumulation_steps() const override {
+    return global_batch_ / (micro_batch_ * world_size_);
+  }
+  SamplerState state() const override { return state_; }
   // Continues from `s` (saved by any world size). Throws CheckpointError when s is not a
-  // position of this dataset (negative, or step_in_epoch >= steps_per_epoch()).
-  void load_state(const SamplerState& s);
+  // position of this dataset (negative, step_in_epoch >= steps_per_epoch(), or a mixture's).
+  void load_state(const SamplerState& s) override;
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;
@@ -63,6 +80,55 @@ class DistributedSampler {
   SamplerState state_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_perm_;
+};
+
+// A mixture of sources (data.sources) drawn by weight. Global batch k: each of its G slots picks
+// a source with probability weight / sum of weights, from a splitmix64 stream seeded by
+// epoch_seed(seed ^ kMixtureSeed, k) (u = top 53 bits / 2^53, the first source whose cumulative
+// weight exceeds u * total); a source's j-th draw is sequence perm_e[j mod n] of its own epoch
+// e = j / n, perm_e = seeded_permutation(n, epoch_seed(seed + 1 + source, e)) — a source that runs
+// out wraps into its next epoch, every sequence used once per epoch. Ids are global: source s's
+// sequence i is offsets[s] + i (offsets = prefix sums of the source sizes). Rank r takes the
+// block [r G/W, (r+1) G/W) of the slots, as DistributedSampler. The state (step, draws per source)
+// is independent of the world size, so a checkpoint resumes exactly at any world size.
+inline constexpr uint64_t kMixtureSeed = 0x4D49585455524531ull;  // "MIXTURE1"
+
+class MixtureSampler : public BatchSampler {
+ public:
+  // `sizes`: sequences per source (each >= 1); `weights`: > 0, one per source. Throws
+  // ConfigError as DistributedSampler does, and for a source without a sequence or a weight
+  // that is not positive.
+  MixtureSampler(std::vector<int64_t> sizes, std::vector<double> weights, int64_t global_batch,
+                 int64_t micro_batch, int rank, int world_size, uint64_t seed);
+
+  std::vector<std::vector<int64_t>> next_step() override;
+  // The source of each slot of global batch `step` (every rank's part, in slot order).
+  std::vector<int> slot_sources(int64_t step) const;
+  int64_t accumulation_steps() const override {
+    return global_batch_ / (micro_batch_ * world_size_);
+  }
+  SamplerState state() const override;
+  // Throws CheckpointError when `s` was not saved by a mixture of as many sources.
+  void load_state(const SamplerState& s) override;
+  // Sequences drawn from each source so far (all ranks).
+  const std::vector<int64_t>& drawn() const { return drawn_; }
+  // (source, epoch) of every source that began a new epoch since the last call.
+  std::vector<std::pair<int, int64_t>> take_new_epochs();
+  int64_t source_of(int64_t id) const;  // the source of global id `id`
+
+ private:
+  const std::vector<int64_t>& permutation(int source, int64_t epoch);
+
+  std::vector<int64_t> sizes_, offsets_;
+  std::vector<double> cumulative_;  // running sums of the weights
+  int64_t global_batch_, micro_batch_;
+  int rank_, world_size_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+  std::vector<int64_t> drawn_;
+  std::vector<int64_t> cached_epoch_;
+  std::vector<std::vector<int64_t>> cached_perm_;
+  std::vector<std::pair<int, int64_t>> new_epochs_;
 };
 
 // Validation reads in a fixed order, each sequence at most once, and the same sequences at any

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "mllm/core/recipe.h"
 #include "mllm/core/registry.h"
@@ -29,6 +30,8 @@ struct StepMetrics {
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, step_ms = 0;
   bool skipped = false;        // non-finite loss or grad norm: no update (train.on_nonfinite=skip)
   int64_t nonfinite_skips = 0; // skipped updates so far in the run
+  // data.sources: (source name, tokens drawn from it so far, all ranks); empty otherwise.
+  std::vector<std::pair<std::string, int64_t>> source_tokens;
 };
 
 // When a callback runs among the others after each step and at the end of the run:

@@ -97,6 +97,11 @@ class MetricsCallback : public Callback {
               {"mfu", m.mfu},             {"forward_ms", m.forward_ms},
               {"backward_ms", m.backward_ms}, {"comm_ms", m.comm_ms},
               {"optimizer_ms", m.optimizer_ms}, {"step_ms", m.step_ms}};
+    if (!m.source_tokens.empty()) {
+      json per = json::object();
+      for (const auto& [name, tokens] : m.source_tokens) per[name] = tokens;
+      j["source_tokens"] = per;
+    }
     t.write_metrics_line(j.dump());
   }
 

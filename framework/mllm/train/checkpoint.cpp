@@ -240,10 +240,11 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
     }
     const fs::path ps = tmp_dir / "model.safetensors";
     export_safetensors(model, ps.string(), injected_errno(step, ps));
+    json sampler = {{"epoch", state.sampler.epoch}, {"step_in_epoch", state.sampler.step_in_epoch}};
+    if (!state.sampler.drawn.empty()) sampler["drawn"] = state.sampler.drawn;
     json st = {{"step", state.step},
                {"tokens", state.tokens},
-               {"sampler", {{"epoch", state.sampler.epoch},
-                            {"step_in_epoch", state.sampler.step_in_epoch}}},
+               {"sampler", sampler},
                {"world_size", state.world_size},
                {"elapsed_s", state.elapsed_s},
                {"lr", state.lr},
@@ -404,6 +405,9 @@ TrainState read_train_state(const std::string& folder) {
     s.tokens = st.at("tokens").get<int64_t>();
     s.sampler.epoch = st.at("sampler").at("epoch").get<int64_t>();
     s.sampler.step_in_epoch = st.at("sampler").at("step_in_epoch").get<int64_t>();
+    // Sequences drawn per source of a data.sources mixture (absent otherwise).
+    if (st.at("sampler").contains("drawn"))
+      s.sampler.drawn = st.at("sampler").at("drawn").get<std::vector<int64_t>>();
     s.world_size = st.at("world_size").get<int>();
     s.elapsed_s = st.at("elapsed_s").get<double>();
     s.lr = st.at("lr").get<double>();

@@ -133,7 +133,8 @@ bool may_change_on_resume(const std::string& key) {
   return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
                            "train.time_limit_s", "train.threads", "train.device", "train.tf32",
                            "train.sync_debug", "train.on_nonfinite", "train.max_nonfinite_skips",
-                           "model.attn_impl", "callbacks", "plugins", "checkpoint.", "eval.",
+                           "model.attn_impl", "data.prepare_memory_mb",
+                           "data.prepare_segment_bytes", "callbacks", "plugins", "checkpoint.", "eval.",
                            "sample.", "log.", "dist."}) ||
          changes_training_on_resume(key);
 }
@@ -379,13 +380,33 @@ void Trainer::build() {
   }
   tokenizer_path_ = paths.tokenizer_path;
   tokenizer_ = load_tokenizer(paths.tokenizer_path);
-  train_data_ = std::make_unique<TokenDataset>(paths.train_shards, r.data.mode, r.data.seq_len);
+  int64_t train_sequences = 0;
+  if (r.data.sources.empty()) {
+    train_data_ = std::make_unique<TokenDataset>(paths.train_shards, r.data.mode, r.data.seq_len);
+    train_data_->check_tokenizer(*tokenizer_);
+    train_sequences = train_data_->size();
+  } else {
+    MLLM_CHECK(paths.sources.size() == r.data.sources.size(), "prepared sources != data.sources");
+    for (size_t k = 0; k < paths.sources.size(); ++k) {
+      source_data_.push_back(std::make_unique<TokenDataset>(paths.sources[k].train_shards,
+                                                            r.data.mode, r.data.seq_len));
+      source_data_.back()->check_tokenizer(*tokenizer_);
+      source_offsets_.push_back(train_sequences);
+      train_sequences += source_data_.back()->size();
+      spdlog::info("data source {} '{}': {} train sequences, weight {} ({:.1f}% of the draws)", k,
+                   r.data.sources[k].name, source_data_.back()->size(), r.data.sources[k].weight,
+                   100.0 * r.data.sources[k].weight / [&] {
+                     double w = 0;
+                     for (const auto& s : r.data.sources) w += s.weight;
+                     return w;
+                   }());
+    }
+  }
   val_data_ = std::make_unique<TokenDataset>(paths.val_shards, r.data.mode, r.data.seq_len);
-  train_data_->check_tokenizer(*tokenizer_);
   val_data_->check_tokenizer(*tokenizer_);
   state_.tokenizer_fingerprint = tokenizer_->fingerprint();
   spdlog::info("data: vocab {}, {} train sequences, {} val sequences of {} tokens ({} mode)",
-               tokenizer_->vocab_size(), train_data_->size(), val_data_->size(), r.data.seq_len,
+               tokenizer_->vocab_size(), train_sequences, val_data_->size(), r.data.seq_len,
                r.data.mode);
   // Refused now, not at the first evaluation hundreds of steps (and perhaps no checkpoint) later.
   if (std::find(r.callbacks.begin(), r.callbacks.end(), "eval") != r.callbacks.end()) {
@@ -452,9 +473,23 @@ void Trainer::build() {
     spdlog::warn("schedule.warmup_steps={} >= train.max_steps={}: the lr ramps for the whole run "
                  "and reaches {:.3g} (of optim.lr={:.3g}) at the last step", r.schedule.warmup_steps,
                  r.train.max_steps, schedule_->lr(r.train.max_steps - 1), r.optim.lr);
-  sampler_ = std::make_unique<DistributedSampler>(train_data_->size(), r.train.global_batch,
-                                                  r.train.micro_batch, rank, world,
-                                                  static_cast<uint64_t>(r.run.seed));
+  if (r.data.sources.empty()) {
+    sampler_ = std::make_unique<DistributedSampler>(train_data_->size(), r.train.global_batch,
+                                                    r.train.micro_batch, rank, world,
+                                                    static_cast<uint64_t>(r.run.seed));
+  } else {
+    std::vector<int64_t> sizes;
+    std::vector<double> weights;
+    for (size_t k = 0; k < source_data_.size(); ++k) {
+      sizes.push_back(source_data_[k]->size());
+      weights.push_back(r.data.sources[k].weight);
+    }
+    auto mixture = std::make_unique<MixtureSampler>(sizes, weights, r.train.global_batch,
+                                                    r.train.micro_batch, rank, world,
+                                                    static_cast<uint64_t>(r.run.seed));
+    mixture_ = mixture.get();
+    sampler_ = std::move(mixture);
+  }
   // Dropout masks differ per rank (as with independent DDP processes) but are reproducible.
   torch::manual_seed(static_cast<uint64_t>(r.run.seed) + 7919ull * (rank + 1));
   state_.world_size = world;
@@ -637,7 +672,7 @@ StepMetrics Trainer::train_step() {
   std::vector<Batch> batches;
   int64_t local_targets = 0;
   for (const auto& ids : sampler_->next_step()) {
-    Batch batch = train_data_->get(ids);
+    Batch batch = mixture_ ? get_mixture(source_data_, source_offsets_, ids) : train_data_->get(ids);
     local_targets += count_targets(batch.targets);
     batches.push_back(to_device(std::move(batch), device_));
   }
@@ -741,6 +776,21 @@ StepMetrics Trainer::train_step() {
   state_.tokens += r.train.global_batch * r.data.seq_len;
   state_.sampler = sampler_->state();
   state_.lr = m.lr;
+  if (mixture_) {
+    for (size_t k = 0; k < r.data.sources.size(); ++k)
+      m.source_tokens.emplace_back(r.data.sources[k].name, mixture_->drawn()[k] * r.data.seq_len);
+    for (const auto& [source, epoch] : mixture_->take_new_epochs()) {
+      const auto& name = r.data.sources[size_t(source)].name;
+      spdlog::info("data source '{}' ran out at step {}: epoch {} of it begins (each epoch a new "
+                   "order of its {} sequences)", name, state_.step, epoch,
+                   source_data_[size_t(source)]->size());
+      if (comm_->rank() == 0)
+        write_metrics_line(nlohmann::json({{"step", state_.step},
+                                           {"event", "source_epoch"},
+                                           {"source", name},
+                                           {"epoch", epoch}}).dump());
+    }
+  }
   m.step = state_.step;
   m.tokens = state_.tokens;
   m.target_tokens = global_targets;

@@ -119,8 +119,13 @@ class Trainer {
   std::string run_dir_;
   std::string tokenizer_path_;
   std::shared_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<TokenDataset> train_data_, val_data_;
-  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<TokenDataset> train_data_, val_data_;  // train_data_: data.corpus only
+  std::unique_ptr<BatchSampler> sampler_;
+  // data.sources: one train dataset per source, their offsets in the sampler's global ids, and
+  // the sampler itself (also in sampler_) for the draws per source.
+  std::vector<std::unique_ptr<TokenDataset>> source_data_;
+  std::vector<int64_t> source_offsets_;
+  MixtureSampler* mixture_ = nullptr;
   std::shared_ptr<LanguageModel> model_;
   std::unique_ptr<DataParallel> dp_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

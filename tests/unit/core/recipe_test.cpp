@@ -252,3 +252,38 @@ TEST(Recipe, ThreadsAuto) {
   EXPECT_NE(error_of(std::string(kBase) + "train: {threads: 0}\n").find("or auto"),
             std::string::npos);
 }
+
+TEST(Recipe, DataSourcesMixture) {
+  auto r = load_recipe_string(
+      "data:\n  sources:\n    - {corpus: [a.jsonl, 'b/*.parquet'], weight: 3}\n"
+      "    - {name: web, corpus: c.txt}\n");
+  ASSERT_EQ(r.data.sources.size(), 2u);
+  EXPECT_EQ(r.data.sources[0].name, "source0");
+  EXPECT_EQ(r.data.sources[0].corpus, (std::vector<std::string>{"a.jsonl", "b/*.parquet"}));
+  EXPECT_EQ(r.data.sources[0].weight, 3.0);
+  EXPECT_EQ(r.data.sources[1].name, "web");
+  EXPECT_EQ(r.data.sources[1].weight, 1.0);
+  EXPECT_TRUE(r.data.corpus.empty());
+  // The resolved recipe loads back to the same sources.
+  auto back = load_recipe_string(mllm::to_yaml(r));
+  EXPECT_EQ(back.data.sources.size(), 2u);
+  EXPECT_EQ(back.data.sources[1].corpus, (std::vector<std::string>{"c.txt"}));
+  EXPECT_EQ(back.data.sources[0].weight, 3.0);
+  // Errors name the key, the line and what is wrong.
+  auto err = error_of("data: {sources: [{corpus: [a.txt], weight: 0}]}\n");
+  EXPECT_NE(err.find("data.sources"), std::string::npos) << err;
+  EXPECT_NE(err.find("weight must be > 0"), std::string::npos) << err;
+  err = error_of("data: {sources: [{corpus: [a.txt], wieght: 2}]}\n");
+  EXPECT_NE(err.find("unknown key 'wieght'"), std::string::npos) << err;
+  err = error_of("data: {sources: [{weight: 2}]}\n");
+  EXPECT_NE(err.find("no corpus"), std::string::npos) << err;
+  err = error_of("data: {sources: [{name: a, corpus: x}, {name: a, corpus: y}]}\n");
+  EXPECT_NE(err.find("two sources are named 'a'"), std::string::npos) << err;
+  err = error_of("data: {corpus: [x.txt], sources: [{corpus: [a.txt]}]}\n");
+  EXPECT_NE(err.find("r.yaml:1"), std::string::npos) << err;
+  EXPECT_NE(err.find("data.corpus is set too"), std::string::npos) << err;
+  // From the command line, as YAML.
+  r = load_recipe_string("data: {corpus: []}\n", "r.yaml",
+                         {"data.sources=[{corpus: [a.txt], weight: 0.5}]"});
+  EXPECT_EQ(r.data.sources[0].weight, 0.5);
+}

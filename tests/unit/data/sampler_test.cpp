@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <tuple>
 
@@ -167,6 +168,96 @@ TEST(ValBatchIndices, SameSequencesAtAnyWorldSize) {
     EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2, 3, 4, 5, 6, 7})) << "world " << world;
   }
   EXPECT_THROW(val_batches_of_rank(4, 11, 2, 2, 2), ConfigError);
+}
+
+}  // namespace
+}  // namespace mllm
+
+namespace mllm {
+namespace {
+
+// Every rank's ids of one step of a mixture, in rank order (the global batch).
+std::vector<int64_t> global_ids(std::vector<MixtureSampler>& ranks) {
+  std::vector<int64_t> out;
+  for (auto& s : ranks)
+    for (const auto& micro : s.next_step()) out.insert(out.end(), micro.begin(), micro.end());
+  return out;
+}
+
+std::vector<MixtureSampler> mixture_ranks(int world, const std::vector<int64_t>& sizes,
+                                          const std::vector<double>& weights) {
+  std::vector<MixtureSampler> out;
+  for (int r = 0; r < world; ++r) out.emplace_back(sizes, weights, 16, 2, r, world, 1337);
+  return out;
+}
+
+TEST(MixtureSampler, DrawsFollowTheWeightsWithinSamplingError) {
+  // Sources of 50, 400 and 1000 sequences, weights 1 : 3 : 6; 2,000 steps of 16 slots.
+  const std::vector<int64_t> sizes = {50, 400, 1000};
+  const std::vector<double> weights = {1, 3, 6};
+  auto ranks = mixture_ranks(1, sizes, weights);
+  std::vector<int64_t> counts(3, 0);
+  const int64_t steps = 2000, slots = steps * 16;
+  for (int64_t k = 0; k < steps; ++k)
+    for (int64_t id : global_ids(ranks)) ++counts[size_t(ranks[0].source_of(id))];
+  for (size_t s = 0; s < 3; ++s) {
+    const double p = weights[s] / 10.0;
+    const double sigma = std::sqrt(slots * p * (1 - p));  // binomial
+    EXPECT_NEAR(double(counts[s]), slots * p, 4 * sigma) << "source " << s;
+    EXPECT_EQ(counts[s], ranks[0].drawn()[s]);
+  }
+}
+
+TEST(MixtureSampler, EachSourceUsesEverySequenceOncePerEpochAndWraps) {
+  const std::vector<int64_t> sizes = {7, 300};
+  auto ranks = mixture_ranks(1, sizes, {1, 1});
+  std::vector<std::vector<int64_t>> small;  // draws of source 0, in order
+  std::vector<std::pair<int, int64_t>> epochs;
+  while (small.size() < 3 * 7) {
+    for (int64_t id : global_ids(ranks))
+      if (ranks[0].source_of(id) == 0) small.push_back({id});
+    for (auto e : ranks[0].take_new_epochs()) epochs.push_back(e);
+  }
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 7; ++i) ids.push_back(small[size_t(e * 7 + i)][0]);
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(ids, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6})) << "epoch " << e;
+  }
+  ASSERT_GE(epochs.size(), 2u);
+  EXPECT_EQ(epochs[0], (std::pair<int, int64_t>{0, 1}));
+  EXPECT_EQ(epochs[1], (std::pair<int, int64_t>{0, 2}));
+  // Global ids of source 1 are offset by the size of source 0.
+  for (int k = 0; k < 20; ++k)
+    for (int64_t id : global_ids(ranks)) EXPECT_LT(id, 307);
+}
+
+TEST(MixtureSampler, SameGlobalBatchesAtAnyWorldSizeAndAfterAResume) {
+  const std::vector<int64_t> sizes = {37, 500};
+  auto one = mixture_ranks(1, sizes, {2, 1});
+  auto four = mixture_ranks(4, sizes, {2, 1});
+  std::vector<std::vector<int64_t>> want;
+  for (int k = 0; k < 30; ++k) {
+    want.push_back(global_ids(one));
+    EXPECT_EQ(global_ids(four), want.back()) << "step " << k;
+  }
+  // Saved by 1 rank after 10 steps, resumed by 2.
+  auto a = mixture_ranks(1, sizes, {2, 1});
+  for (int k = 0; k < 10; ++k) global_ids(a);
+  const SamplerState st = a[0].state();
+  EXPECT_EQ(st.step_in_epoch, 10);
+  EXPECT_EQ(st.drawn[0] + st.drawn[1], 160);
+  auto b = mixture_ranks(2, sizes, {2, 1});
+  for (auto& s : b) s.load_state(st);
+  for (int k = 10; k < 30; ++k) EXPECT_EQ(global_ids(b), want[size_t(k)]) << "step " << k;
+  // A mixture's state does not fit one corpus, nor a mixture of another size, and back.
+  DistributedSampler plain(537, 16, 2, 0, 1, 1337);
+  EXPECT_THROW(plain.load_state(st), CheckpointError);
+  auto three = mixture_ranks(1, {37, 500, 9}, {1, 1, 1});
+  EXPECT_THROW(three[0].load_state(st), CheckpointError);
+  EXPECT_THROW(b[0].load_state(plain.state()), CheckpointError);
+  EXPECT_THROW(MixtureSampler({37, 0}, {1, 1}, 16, 2, 0, 1, 1), ConfigError);
+  EXPECT_THROW(MixtureSampler({37, 5}, {1, 0}, 16, 2, 0, 1, 1), ConfigError);
 }
 
 }  // namespace
