@@ -3,6 +3,7 @@
 // mpirun every rank prepares a share. Exit 0 done, 2 bad input, 1 other.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <thread>
@@ -72,13 +73,16 @@ int main(int argc, char** argv) {
                  "val {} documents / {} tokens in {} shard(s)",
                  p.dir, st.vocab_size, st.train_documents, st.train_tokens, st.train_shards,
                  st.val_documents, st.val_tokens, st.val_shards);
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: peak resident set, KiB on Linux
     spdlog::info("prepared {:.1f} MB of corpus into {} tokens in {:.2f} s ({:.1f} MB/s of corpus "
                  "on disk; tokenizer pass {:.2f} s, encode pass {:.2f} s ({:.1f} MB of text), "
-                 "shards {:.2f} s; {} rank(s) x {} thread(s); {} of {} segment(s) reused)",
+                 "shards {:.2f} s; {} rank(s) x {} thread(s); {} of {} segment(s) reused; peak RSS "
+                 "{:.0f} MiB on rank {})",
                  double(st.corpus_bytes) / 1e6, st.train_tokens + st.val_tokens, st.seconds,
                  double(st.corpus_bytes) / 1e6 / std::max(1e-9, st.seconds), st.tokenizer_seconds,
                  st.encode_seconds, double(st.text_bytes) / 1e6, st.assemble_seconds, st.ranks,
-                 threads, st.segments_reused, st.segments);
+                 threads, st.segments_reused, st.segments, double(usage.ru_maxrss) / 1024, rank);
     mllm::flush_logs();
     return 0;
   } catch (const mllm::Error& e) {

@@ -14,7 +14,8 @@ fail() { echo "FAIL (mount namespace): $*" >&2; exit 1; }
 P="$WORK/prefix/usr"
 HIDE=(libyaml-cpp-dev libyaml-cpp0.7 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libsentencepiece-dev
       libsentencepiece0 libcli11-dev nlohmann-json3-dev zlib1g-dev libopenmpi-dev libopenmpi3 openmpi-bin
-      openmpi-common libpmix2 libpmix-dev pkgconf pkgconf-bin pkg-config libpkgconf3)
+      openmpi-common libpmix2 libpmix-dev pkgconf pkgconf-bin pkg-config libpkgconf3 libzstd-dev
+      libsimdjson-dev libsimdjson14)
 
 # ---- hide the system's copies ------------------------------------------------------------
 mkdir -p "$WORK/poison"
@@ -101,7 +102,7 @@ for var in yaml-cpp_DIR spdlog_DIR fmt_DIR CLI11_DIR nlohmann_json_DIR MPI_C_COM
   [[ "$(cache "$var")" == "$P"* ]] || fail "$var is '$(cache "$var")', not from the prefix"
 done
 cmake --build "$WORK/build" -j"$(nproc)" --target mllm mllm_spm mllm-train > "$WORK/build.log" 2>&1 ||
-  { grep -E "error|hidden by" "$WORK/build.log" | head -20; tail -5 "$WORK/build.log"; fail "build against the prefix"; }
+  { grep -E "error|undefined|hidden by" "$WORK/build.log" | head -20; tail -5 "$WORK/build.log"; fail "build against the prefix"; }
 echo "deps_prefix: configured and built libmllm, mllm_spm, mllm-train against the prefix in $((SECONDS - t0)) s"
 python3 - "$WORK/build/compile_commands.json" "$P/include" <<'PY' || fail "mllm_spm's compile line"
 import json, sys

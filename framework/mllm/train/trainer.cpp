@@ -361,8 +361,6 @@ void Trainer::build() {
     at::globalContext().setAllowTF32CuDNN(r.train.tf32);
   }
   spdlog::info("{}", describe_libtorch(device_));
-  if (const std::string malloc_note = keep_freed_cpu_memory(); !malloc_note.empty())
-    spdlog::info("{}", malloc_note);
   // The CPU's BLAS (also on a GPU run: it serves the CPU-side math); a warning when it runs
   // slower than the CPU allows and nothing corrected it (core/blas.h).
   if (blas_startup_note().warn) spdlog::warn("{}", describe_blas());
@@ -378,6 +376,9 @@ void Trainer::build() {
                             /*force=*/false, &prepared);
     if (prepared) spdlog::info("prepared data into {} (tokenizer + shards)", paths.dir);
   }
+  // After preparation, which returns its large buffers to the system as it goes (prepare.h).
+  if (const std::string malloc_note = keep_freed_cpu_memory(); !malloc_note.empty())
+    spdlog::info("{}", malloc_note);
   tokenizer_path_ = paths.tokenizer_path;
   tokenizer_ = load_tokenizer(paths.tokenizer_path);
   int64_t train_sequences = 0;
