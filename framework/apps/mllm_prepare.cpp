@@ -75,14 +75,17 @@ int main(int argc, char** argv) {
                  st.val_documents, st.val_tokens, st.val_shards);
     struct rusage usage {};
     ::getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: peak resident set, KiB on Linux
+    std::string rss_per_rank;
+    for (const auto& v : group->all_gather(std::to_string(usage.ru_maxrss / 1024)))
+      rss_per_rank += (rss_per_rank.empty() ? "" : ", ") + v;
     spdlog::info("prepared {:.1f} MB of corpus into {} tokens in {:.2f} s ({:.1f} MB/s of corpus "
                  "on disk; tokenizer pass {:.2f} s, encode pass {:.2f} s ({:.1f} MB of text), "
                  "shards {:.2f} s; {} rank(s) x {} thread(s); {} of {} segment(s) reused; peak RSS "
-                 "{:.0f} MiB on rank {})",
+                 "per rank {} MiB)",
                  double(st.corpus_bytes) / 1e6, st.train_tokens + st.val_tokens, st.seconds,
                  double(st.corpus_bytes) / 1e6 / std::max(1e-9, st.seconds), st.tokenizer_seconds,
                  st.encode_seconds, double(st.text_bytes) / 1e6, st.assemble_seconds, st.ranks,
-                 threads, st.segments_reused, st.segments, double(usage.ru_maxrss) / 1024, rank);
+                 threads, st.segments_reused, st.segments, rss_per_rank);
     mllm::flush_logs();
     return 0;
   } catch (const mllm::Error& e) {

@@ -26,7 +26,7 @@ struct TokenizerConfig {
   double character_coverage = 0;  // bpe: sentencepiece's character_coverage; 0 = automatic
   int64_t min_count = 1;       // char: drop characters seen fewer times (they become <UNK>)
   int64_t max_vocab = 0;       // char: keep at most this many tokens (0 = no limit)
-  int64_t sample_bytes = int64_t(32) << 20;  // bpe: train on a deterministic sample of this many bytes
+  int64_t sample_bytes = int64_t(12) << 20;  // bpe: train on a deterministic sample of this many bytes
   Options options;             // data.tokenizer.options: what the tokenizer type declares (options.h)
 };
 

@@ -60,6 +60,25 @@ void AtomicFile::write(const void* data, size_t n) {
   }
 }
 
+bool AtomicFile::append_from(int src_fd, uint64_t src_offset, size_t n) {
+  flush_buffer();
+  auto in = off_t(src_offset);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::copy_file_range(src_fd, &in, fd_, nullptr, n - done, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && done == 0 && (errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP ||
+                                 errno == EINVAL))
+      return false;  // not here: the caller copies through memory
+    if (got < 0)
+      throw Error("cannot write " + path_ + ": " + errno_text() + " (copy into " + temp_path_ + ")");
+    if (got == 0) throw Error("cannot write " + path_ + ": the source ended early (copy_file_range)");
+    done += size_t(got);
+  }
+  written_ += n;
+  return true;
+}
+
 void AtomicFile::overwrite(size_t offset, const void* data, size_t n) {
   flush_buffer();
   MLLM_CHECK(offset + n <= written_, "AtomicFile::overwrite past the end of " + path_);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,11 @@ class AtomicFile {
   // Replaces already-written bytes at `offset` (e.g. a header finalised at the end). Throws
   // mllm::Error on failure or when [offset, offset + n) is past what was written.
   void overwrite(size_t offset, const void* data, size_t n);
+  // Appends bytes [src_offset, src_offset + n) of the open file `src_fd` inside the kernel
+  // (copy_file_range(2): no copy through this process, a reflink where the file system has
+  // them). Returns false, having written nothing, when the kernel cannot do it for these files;
+  // throws mllm::Error on a write failure.
+  bool append_from(int src_fd, uint64_t src_offset, size_t n);
   // Bytes written so far.
   size_t size() const { return written_ + buffer_.size(); }
   // Flushes, fsyncs and renames onto the target path. Throws mllm::Error on failure.

@@ -219,6 +219,7 @@ void ShardWriter::append_documents(const std::string& src_path, const ShardHeade
     // Tokens of documents [d, d + n): one contiguous byte range.
     uint64_t at = kShardHeaderBytes + off[0] * tb;
     const uint64_t end = kShardHeaderBytes + off[size_t(n)] * tb;
+    if (file_->append_from(in.fd, at, size_t(end - at))) at = end;
     scratch_.resize(kBytes);
     while (at < end) {
       const size_t len = size_t(std::min<uint64_t>(kBytes, end - at));
