@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,14 @@ void load_plugins(const std::vector<std::string>& paths) {
     }
     loaded.insert(canon);
   }
+}
+
+std::string libmllm_module_path(const char* env_var, const char* file_name) {
+  if (const char* env = std::getenv(env_var); env && *env) return env;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&libmllm_module_path), &info) && info.dli_fname)
+    return (std::filesystem::path(info.dli_fname).parent_path() / file_name).string();
+  return file_name;
 }
 
 }  // namespace mllm

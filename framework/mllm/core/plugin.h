@@ -47,4 +47,9 @@ std::string read_plugin_stamp(const std::string& path);
 // missing entry point, or anything the entry point throws (e.g. a duplicate name).
 void load_plugins(const std::vector<std::string>& paths);
 
+// Where libmllm looks for a module of its own that it dlopen()s (libmllm_spm.so,
+// libmllm_parquet.so): $`env_var` when set and not empty, else `file_name` in the folder of
+// libmllm.so (build tree or install), else `file_name` alone (the loader's search path).
+std::string libmllm_module_path(const char* env_var, const char* file_name);
+
 }  // namespace mllm

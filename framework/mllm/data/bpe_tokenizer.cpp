@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "mllm/core/error.h"
+#include "mllm/core/plugin.h"
 #include "mllm/data/hash.h"
 #include "mllm/data/spm_module/spm_api.h"
 #include "mllm/data/utf8.h"
@@ -128,13 +129,7 @@ double auto_coverage(const CharStats& st, int64_t vocab_size) {
 
 }  // namespace
 
-std::string spm_module_path() {
-  if (const char* env = std::getenv("MLLM_SPM_MODULE"); env && *env) return env;
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&spm_module_path), &info) && info.dli_fname)
-    return (std::filesystem::path(info.dli_fname).parent_path() / "libmllm_spm.so").string();
-  return "libmllm_spm.so";
-}
+std::string spm_module_path() { return libmllm_module_path("MLLM_SPM_MODULE", "libmllm_spm.so"); }
 
 BpeTokenizer::BpeTokenizer(std::string model_proto, const std::string& source)
     : model_proto_(std::move(model_proto)) {

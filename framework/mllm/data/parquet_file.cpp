@@ -4,11 +4,11 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
 #include "mllm/core/error.h"
+#include "mllm/core/plugin.h"
 #include "mllm/data/parquet_module/parquet_api.h"
 
 namespace mllm {
@@ -21,19 +21,11 @@ struct Module {
   std::string error;  // why it is not loaded
 };
 
-std::string module_path() {
-  if (const char* env = std::getenv("MLLM_PARQUET_MODULE"); env && *env) return env;
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&module_path), &info) && info.dli_fname)
-    return (std::filesystem::path(info.dli_fname).parent_path() / "libmllm_parquet.so").string();
-  return "libmllm_parquet.so";
-}
-
 const Module& module() {
   static Module m;
   static std::once_flag once;
   std::call_once(once, [] {
-    const std::string path = module_path();
+    const std::string path = libmllm_module_path("MLLM_PARQUET_MODULE", "libmllm_parquet.so");
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) {
       m.error = fmt::format("this mllm was built without Parquet support (no {}: CMake found no "

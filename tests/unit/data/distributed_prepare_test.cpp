@@ -116,27 +116,9 @@ std::map<std::string, std::string> folder_bytes(const std::string& dir) {
   return out;
 }
 
-std::string gzip(const std::string& body) {
-  z_stream zs{};
-  EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  std::string buf(deflateBound(&zs, uLong(body.size())) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(body.data()));
-  zs.avail_in = uInt(body.size());
-  zs.next_out = reinterpret_cast<Bytef*>(buf.data());
-  zs.avail_out = uInt(buf.size());
-  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-  buf.resize(zs.total_out);
-  deflateEnd(&zs);
-  return buf;
-}
-
-std::string zstd(const std::string& body) {
-  std::string buf(ZSTD_compressBound(body.size()), '\0');
-  const size_t n = ZSTD_compress(buf.data(), buf.size(), body.data(), body.size(), 3);
-  EXPECT_FALSE(ZSTD_isError(n));
-  buf.resize(n);
-  return buf;
-}
+std::string gzip(const std::string& body) { return test::gzip_members({body}); }
+std::string zstd(const std::string& body) { return test::zstd_frames({body}); }
+using test::jsonl_of;
 
 Docs poems(int first, int n) {
   Docs docs;
@@ -146,11 +128,7 @@ Docs poems(int first, int n) {
   return docs;
 }
 
-std::string jsonl(const Docs& docs) {
-  std::string s;
-  for (const auto& d : docs) s += nlohmann::json({{"text", d}}).dump() + "\n";
-  return s;
-}
+std::string jsonl(const Docs& docs) { return jsonl_of(docs); }
 
 std::string lines(const Docs& docs) {
   std::string s;

@@ -26,42 +26,9 @@ using test::TempDir;
 using test::throws_with;
 using Docs = std::vector<std::string>;
 
-// gzip members, each a complete .gz stream (what `cat a.gz b.gz` or pigz makes).
-std::string gzip_members(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const auto& part : parts) {
-    z_stream zs{};
-    EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-    std::string buf(deflateBound(&zs, uLong(part.size())) + 64, '\0');
-    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(part.data()));
-    zs.avail_in = uInt(part.size());
-    zs.next_out = reinterpret_cast<Bytef*>(buf.data());
-    zs.avail_out = uInt(buf.size());
-    EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
-    buf.resize(zs.total_out);
-    deflateEnd(&zs);
-    out += buf;
-  }
-  return out;
-}
-
-std::string zstd_frames(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const auto& part : parts) {
-    std::string buf(ZSTD_compressBound(part.size()), '\0');
-    const size_t n = ZSTD_compress(buf.data(), buf.size(), part.data(), part.size(), 3);
-    EXPECT_FALSE(ZSTD_isError(n));
-    buf.resize(n);
-    out += buf;
-  }
-  return out;
-}
-
-std::string jsonl_of(const Docs& docs) {
-  std::string s;
-  for (const auto& d : docs) s += nlohmann::json({{"text", d}}).dump() + "\n";
-  return s;
-}
+using test::gzip_members;
+using test::jsonl_of;
+using test::zstd_frames;
 
 Docs numbered_poems(int n) {
   Docs docs;
