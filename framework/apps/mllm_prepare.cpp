@@ -20,8 +20,14 @@
 #include "mllm/train/builtins.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mllm-prepare: tokenize a recipe's corpus into token shards (tokenizer, "
-               "train-NNNNN.bin, val-NNNNN.bin in data.cache_dir/<data fingerprint>/)"};
+  CLI::App app{
+      "mllm-prepare: tokenize a recipe's corpus (.txt / .jsonl, also .gz / .zst, .parquet) into\n"
+      "token shards: tokenizer.mllm, train-NNNNN.bin, val-NNNNN.bin, manifest.json in\n"
+      "data.cache_dir/<data fingerprint>/, in memory bounded by data.prepare_memory_mb.\n"
+      "Under mpirun every rank prepares a share, and the output is the same at any number of\n"
+      "ranks: mpirun -np 4 mllm-prepare RECIPE. A re-run continues an interrupted one.\n"
+      "Exit codes: 0 done (or the cache was up to date), 2 bad input (recipe, corpus: the\n"
+      "message names the file and line), 1 anything else."};
   std::string recipe_path;
   std::vector<std::string> overrides;
   int threads = 0;

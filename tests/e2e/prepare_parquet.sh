@@ -25,6 +25,7 @@ pq.write_table(pa.table({"body": ["ok", None, "x"]}), f"{work}/null.parquet")
 pq.write_table(pa.table({"body": pa.array([b"ok", b"bad \xc3( here"], pa.binary())}), f"{work}/utf8.parquet")
 pq.write_table(pa.table({"body": [1, 2]}), f"{work}/int.parquet")
 pq.write_table(pa.table({"text": ["a"], "title": ["t"]}), f"{work}/nocol.parquet")
+pq.write_table(pa.table({"body": pa.array([["a", "b"]], pa.list_(pa.string()))}), f"{work}/list.parquet")
 open(f"{work}/broken.parquet", "wb").write(open(f"{work}/pq/a.parquet", "rb").read()[:5000])
 PY
 
@@ -62,5 +63,6 @@ bad null.parquet "null.parquet: row group 0, row 1 (0-based)" "is null"
 bad utf8.parquet "utf8.parquet: row group 0, row 1 (0-based): invalid UTF-8" "0xC3"
 bad int.parquet "int.parquet" "column 'body'" "expected strings"
 bad nocol.parquet "nocol.parquet" "no column 'body'" "text, title" "data.text_field"
+bad list.parquet "list.parquet" "column 'body' is a nested (list or struct) column" "expected strings"
 bad broken.parquet "broken.parquet"
 MLLM_PARQUET_MODULE=$WORK/none.so bad pq/b.parquet "without Parquet support"

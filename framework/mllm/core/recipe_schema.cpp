@@ -157,7 +157,11 @@ KeySpec sources_key(std::vector<DataSource>& ref) {
                 expected("corpus: a list of files or globs", v);
               }
             } else if (k == "weight") {
-              s.weight = parse_double(v);
+              try {
+                s.weight = parse_double(v);
+              } catch (const std::invalid_argument& e) {
+                throw std::invalid_argument(fmt::format("source {}: weight: {}", out.size(), e.what()));
+              }
               if (!(s.weight > 0))
                 throw std::invalid_argument(fmt::format(
                     "source {}: weight must be > 0, got {}", out.size(), s.weight));
@@ -406,7 +410,7 @@ KeySpec recipe_schema(Recipe& r) {
       section("data", "corpus, tokenizer and sequences", {
           key("corpus", d.corpus, ".txt, .jsonl (each also .gz / .zst) or .parquet files or globs (relative to the working directory)"),
           sources_key(d.sources),
-          key("text_field", d.text_field, ".jsonl field holding the text"),
+          key("text_field", d.text_field, ".jsonl field or .parquet column holding the text"),
           key("doc_separator", d.doc_separator, ".txt documents: one per line, or separated by blank lines",
               {"line", "blank_line"}),
           key("invalid_utf8", d.invalid_utf8, "invalid UTF-8 in the corpus: stop, or replace with U+FFFD",

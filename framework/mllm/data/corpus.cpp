@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -63,7 +64,7 @@ std::string checked_utf8(std::string_view line, const std::string& path, int64_t
   const size_t bad = utf8_find_invalid(line);
   if (bad == std::string_view::npos) return std::string(line);
   if (cfg.invalid_utf8 == "replace") return utf8_replace_invalid(line);
-  throw DataError(fmt::format("{}:{}: invalid UTF-8 at byte {} of the line (bytes {}); fix the "
+  throw DataError(fmt::format("{}:{}: invalid UTF-8 at byte {} (1-based) of the line (bytes {}); fix the "
                               "file or set data.invalid_utf8: replace to substitute U+FFFD",
                               path, number, bad + 1, hex_bytes(line, bad, 4)));
 }
@@ -104,9 +105,13 @@ void parse_jsonl_chunk(std::string_view bytes, int64_t first_line, const std::st
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
+      // nlohmann counts lines within the text it was given (this one line): say column only.
+      std::string what = e.what();
+      if (const size_t at = what.find("at line 1, column "); at != std::string::npos)
+        what.replace(at, std::strlen("at line 1, column "), "at column ");
       throw DataError(fmt::format("{}:{}: not valid JSON ({}); each line of a .jsonl file must "
                                   "be one JSON object",
-                                  path, number, e.what()));
+                                  path, number, what));
     }
     if (!j.is_object())
       throw DataError(fmt::format("{}:{}: expected a JSON object with a string field '{}', got "
@@ -402,7 +407,7 @@ void check_parquet_docs(CorpusChunk& c, const std::string& path, const DataConfi
       if (bad != std::string_view::npos) {
         if (cfg.invalid_utf8 != "replace")
           throw DataError(fmt::format(
-              "{}: row group {}, row {} (0-based): invalid UTF-8 at byte {} of the text (bytes "
+              "{}: row group {}, row {} (0-based): invalid UTF-8 at byte {} (1-based) of the text (bytes "
               "{}); fix the file or set data.invalid_utf8: replace to substitute U+FFFD",
               path, c.row_group, c.first_row + int64_t(i), bad + 1, hex_bytes(d, bad, 4)));
         d = utf8_replace_invalid(d);
@@ -669,7 +674,9 @@ std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& pa
                                     "file (working directory '{}')",
                                     f, std::filesystem::current_path().string()));
       corpus_file_kind(f);  // throws for a name mllm cannot read
-      if (seen.insert(f).second) files.push_back(f);
+      // One file however it is spelled (./a, a, /abs/a, a link to it).
+      const std::string key = std::filesystem::canonical(f, ec).string();
+      if (seen.insert(ec ? f : key).second) files.push_back(f);
     }
   }
   return files;

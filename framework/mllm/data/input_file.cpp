@@ -107,6 +107,10 @@ class GzipSource : public ByteSource {
             throw DataError(fmt::format("{}: truncated gzip stream (ends inside a member at "
                                         "byte {})",
                                         fd_.path(), fd_.offset()));
+          if (fd_.offset() == 0)  // gzip -t refuses it too: an interrupted download, say
+            throw DataError(fmt::format("{}: an empty file (0 bytes) is not a gzip stream; "
+                                        "remove it or fetch it again",
+                                        fd_.path()));
           return 0;
         }
         zs_.next_in = in_.data();
@@ -154,6 +158,10 @@ class ZstdSource : public ByteSource {
             throw DataError(fmt::format("{}: truncated zstd stream (ends inside a frame at "
                                         "byte {})",
                                         fd_.path(), fd_.offset()));
+          if (fd_.offset() == 0)  // zstd -t refuses it too
+            throw DataError(fmt::format("{}: an empty file (0 bytes) is not a zstd stream; "
+                                        "remove it or fetch it again",
+                                        fd_.path()));
           return 0;
         }
         ib_ = ZSTD_inBuffer{in_.data(), got, 0};

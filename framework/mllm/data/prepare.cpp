@@ -302,6 +302,23 @@ Reused reusable(const std::string& dir, const std::string& fp) {
   return {};
 }
 
+// data.cache_dir can be made and written, found out before pass 1 reads the corpus (nothing is
+// created here): the path is a folder, or its nearest existing ancestor is a writable folder.
+void check_cache_dir(const std::string& cache_dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(cache_dir, ec);
+  while (!p.empty() && !fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path())
+    p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    throw ConfigError(fmt::format("data.cache_dir '{}': '{}' exists and is not a folder; choose "
+                                  "another data.cache_dir",
+                                  cache_dir, p.string()));
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError(fmt::format("data.cache_dir '{}': the folder '{}' is not writable ({}); "
+                                  "choose another data.cache_dir",
+                                  cache_dir, p.string(), std::strerror(errno)));
+}
+
 // A version-1 cache (train.bin / val.bin in cache_dir itself) is never read: say so once.
 void note_old_cache(const DataConfig& cfg) {
   const auto old = fs::path(cfg.cache_dir) / "manifest.json";
@@ -614,18 +631,25 @@ bool is_prepared(const DataConfig& cfg, const std::string& fp) {
     spdlog::debug("data cache '{}': no valid manifest", prepared_dir(cfg, fp));
     return false;
   }
+  // A manifest is there, so the cache was complete once: say why it is not any more.
+  auto stale = [&](const std::string& why) {
+    spdlog::info("data cache '{}' is damaged ({}); it will be prepared again",
+                 prepared_dir(cfg, fp), why);
+    return false;
+  };
   try {
-    if (manifest.value("data_fingerprint", "") != fp) return false;
+    if (manifest.value("data_fingerprint", "") != fp) return stale("its manifest is of other data");
     const auto p = load_prepared(cfg, fp);
-    std::error_code ec;
-    if (!fs::is_regular_file(p.tokenizer_path, ec)) return false;
     const std::string tok_fp = manifest.value("tokenizer_fingerprint", "");
+    // Loading checks the header, size and fingerprint of the file (the payload is small).
+    if (fingerprint_hex(load_tokenizer(p.tokenizer_path)->fingerprint()) != tok_fp)
+      return stale("tokenizer.mllm is not the manifest's tokenizer");
     for (const auto* list : {&p.train_shards, &p.val_shards})
       for (const auto& shard : *list)
-        if (fingerprint_hex(read_shard_header(shard).tokenizer_fingerprint) != tok_fp) return false;
+        if (fingerprint_hex(read_shard_header(shard).tokenizer_fingerprint) != tok_fp)
+          return stale(shard + " was made by another tokenizer");
   } catch (const std::exception& e) {
-    spdlog::debug("data cache: {}", e.what());
-    return false;
+    return stale(e.what());
   }
   return true;
 }
@@ -665,7 +689,7 @@ namespace {
 // is taken as done (unless `force`).
 PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int threads,
                           bool show_progress, bool force, PrepareGroup& group,
-                          PrepareStats* stats) {
+                          PrepareStats* stats, bool* completed_elsewhere) {
   const auto t0 = Clock::now();
   const int rank = group.rank(), ranks = group.size();
   const bool lead = rank == 0;
@@ -689,6 +713,11 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
   for (const auto& s : plan) seg_bytes.push_back(s.disk_bytes);
   const auto mine = pick(plan, assign_segments(seg_bytes, ranks)[size_t(rank)]);
   st.corpus_bytes = disk_bytes_of(plan);
+  if ((cfg.prepare_memory_mb << 20) - kBaseBytes < int64_t(2 * threads + 2) * kPieceCost * (int64_t(1) << 20))
+    spdlog::warn("data.prepare_memory_mb = {} MiB is less than the process needs (about {} MiB "
+                 "for itself and {} pieces of 1 MiB at {} thread(s)): pieces are 1 MiB and the "
+                 "peak memory will be above the budget",
+                 cfg.prepare_memory_mb, kBaseBytes >> 20, 2 * threads + 2, threads);
   spdlog::info("preparing {} corpus file(s), {:.1f} MB, into {}: {} segment(s) over {} rank(s), "
                "{} of them ({:.1f} MB) on this rank with {} thread(s); memory budget {} MiB "
                "(pieces of {:.1f} MiB, {} in flight)",
@@ -700,7 +729,7 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
   //    which also validates every document before anything is written.
   const auto t_tok = Clock::now();
   Reused reused;
-  if (lead) reused = reusable(dir, fp);
+  if (lead && !force) reused = reusable(dir, fp);  // --force: everything again
   const auto reuse_votes = agree(group, {}, reused.tokenizer ? "1" : "0");
   st.tokenizer_reused = reuse_votes[0] == "1";
   std::shared_ptr<Tokenizer> tok = reused.tokenizer;
@@ -715,7 +744,12 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
     });
     return agree(group, locked, done ? "1" : "0")[0] == "1";
   };
-  if (st.tokenizer_reused && lock_and_check()) return load_prepared(cfg, fp);
+  auto done_elsewhere = [&] {
+    spdlog::info("data cache '{}' was completed by another job meanwhile; using it", dir);
+    *completed_elsewhere = true;
+    return load_prepared(cfg, fp);
+  };
+  if (st.tokenizer_reused && lock_and_check()) return done_elsewhere();
   uint64_t threshold = val_threshold(cfg.val_fraction);
   if (!st.tokenizer_reused) {
     register_builtin_tokenizers();
@@ -752,7 +786,7 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
                    counts.val, counts.documents);
       threshold = adjusted;
     }
-    if (lock_and_check()) return load_prepared(cfg, fp);
+    if (lock_and_check()) return done_elsewhere();
     const Failure trained = attempt([&] {
       if (!lead) return;
       tok = trainer->finish();
@@ -807,6 +841,7 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
   });
   agree(group, cleaned);
   auto finished = [&](const CorpusSegment& seg) {
+    if (force) return false;
     try {
       for (const char* split : {"train", "val"}) {
         const auto h = read_shard_header(piece_path(dir, seg, split));
@@ -947,6 +982,15 @@ PreparedData prepare_body(const DataConfig& cfg, const std::string& fp, int thre
     }
     sources_j.push_back(one);
   }
+  if (src.mixture)
+    for (size_t k = 0; k < src.count(); ++k)
+      spdlog::info("source {} '{}': train {} documents / {} tokens in {} shard(s), val {} documents "
+                   "/ {} tokens", k, cfg.sources[k].name,
+                   sources_j[k]["train"]["documents"].get<int64_t>(),
+                   sources_j[k]["train"]["tokens"].get<int64_t>(),
+                   sources_j[k]["train"]["shards"].size(),
+                   sources_j[k]["val"]["documents"].get<int64_t>(),
+                   sources_j[k]["val"]["tokens"].get<int64_t>());
   st.train_documents = docs[0], st.train_tokens = tokens[0], st.train_shards = count[0];
   st.val_documents = docs[1], st.val_tokens = tokens[1], st.val_shards = count[1];
   const nlohmann::ordered_json train_j = {{"documents", docs[0]}, {"tokens", tokens[0]}, {"shards", split_j[0]}};
@@ -1003,6 +1047,10 @@ PreparedData ensure_prepared(const DataConfig& cfg, int threads, bool show_progr
     throw ConfigError("data.tokenizer.type: " +
                       detail::unknown_name_message("tokenizer", cfg.tokenizer.type,
                                                    tokenizer_registry().names()));
+  // A cache folder that cannot be made is found before any corpus byte is read.
+  agree(group, attempt([&] {
+          if (group.rank() == 0) check_cache_dir(cfg.cache_dir);
+        }));
   const std::string fp = data_fingerprint(cfg, group);
   bool need = true;
   const Failure checked = attempt([&] {
@@ -1013,7 +1061,10 @@ PreparedData ensure_prepared(const DataConfig& cfg, int threads, bool show_progr
   need = agree(group, checked, need ? "1" : "0")[0] == "1";
   if (prepared) *prepared = need;
   if (!need) return load_prepared(cfg, fp);
-  return prepare_body(cfg, fp, threads, show_progress, force, group, stats);
+  bool elsewhere = false;
+  auto out = prepare_body(cfg, fp, threads, show_progress, force, group, stats, &elsewhere);
+  if (prepared && elsewhere) *prepared = false;
+  return out;
 }
 
 }  // namespace mllm

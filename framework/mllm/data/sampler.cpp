@@ -218,6 +218,41 @@ int64_t MixtureSampler::source_of(int64_t id) const {
   return int64_t(std::upper_bound(offsets_.begin(), offsets_.end(), id) - offsets_.begin()) - 1;
 }
 
+std::vector<int64_t> interleaved_ids(const std::vector<int64_t>& sizes, int64_t first,
+                                     int64_t count) {
+  if (first < 0 || count < 0)
+    throw ConfigError(fmt::format("interleaved_ids: negative position {} or count {}", first, count));
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) throw ConfigError("interleaved_ids: a negative source size");
+    offsets.push_back(total);
+    total += n;
+  }
+  // Rounds come in stretches with the same sources still active: [round_a, round_b) holds
+  // |active| ids per round, starting at position pos.
+  std::vector<int64_t> ends(sizes);
+  std::sort(ends.begin(), ends.end());
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  std::vector<int64_t> out;
+  int64_t round_a = 0, pos = 0;
+  for (int64_t round_b : ends) {
+    if (round_b <= round_a) continue;
+    std::vector<size_t> active;
+    for (size_t s = 0; s < sizes.size(); ++s)
+      if (sizes[s] >= round_b) active.push_back(s);
+    const int64_t per_round = int64_t(active.size());
+    const int64_t stretch = (round_b - round_a) * per_round;
+    for (int64_t i = std::max(first, pos); i < std::min(first + count, pos + stretch); ++i) {
+      const int64_t k = i - pos;
+      out.push_back(offsets[active[size_t(k % per_round)]] + round_a + k / per_round);
+    }
+    pos += stretch;
+    round_a = round_b;
+  }
+  return out;
+}
+
 std::vector<int64_t> val_batch_indices(int64_t num_sequences, int64_t batch, int64_t micro_batch) {
   if (micro_batch <= 0 || batch < 0)
     throw ConfigError(fmt::format("val batch: need micro_batch > 0 and batch >= 0 (got "

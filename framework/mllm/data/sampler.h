@@ -131,6 +131,14 @@ class MixtureSampler : public BatchSampler {
   std::vector<std::pair<int, int64_t>> new_epochs_;
 };
 
+// Positions [first, first + count) of the round-robin order over sources of `sizes` sequences
+// each (source 0's first, source 1's first, ..., source 0's second, ...; a source that has run
+// out is skipped), as global ids (sum of the earlier sources' sizes + index in the source).
+// Clipped at the total. A mixture's validation reads its sources in this order, so that the
+// first val batches hold every source. Throws ConfigError for a negative size or position.
+std::vector<int64_t> interleaved_ids(const std::vector<int64_t>& sizes, int64_t first,
+                                     int64_t count);
+
 // Validation reads in a fixed order, each sequence at most once, and the same sequences at any
 // world size: val batch `batch` (0-based) is sequences [batch*M, (batch+1)*M) clipped to
 // num_sequences (M = micro_batch), empty past the end. An evaluation of B batches reads

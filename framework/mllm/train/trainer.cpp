@@ -405,13 +405,23 @@ void Trainer::build() {
   }
   val_data_ = std::make_unique<TokenDataset>(paths.val_shards, r.data.mode, r.data.seq_len);
   val_data_->check_tokenizer(*tokenizer_);
+  val_size_ = val_data_->size();
+  if (!r.data.sources.empty()) {
+    val_size_ = 0;
+    for (const auto& source : paths.sources) {
+      val_sources_.push_back(
+          std::make_unique<TokenDataset>(source.val_shards, r.data.mode, r.data.seq_len));
+      val_source_sizes_.push_back(val_sources_.back()->size());
+      val_size_ += val_sources_.back()->size();
+    }
+  }
   state_.tokenizer_fingerprint = tokenizer_->fingerprint();
   spdlog::info("data: vocab {}, {} train sequences, {} val sequences of {} tokens ({} mode)",
-               tokenizer_->vocab_size(), train_sequences, val_data_->size(), r.data.seq_len,
+               tokenizer_->vocab_size(), train_sequences, val_size_, r.data.seq_len,
                r.data.mode);
   // Refused now, not at the first evaluation hundreds of steps (and perhaps no checkpoint) later.
   if (std::find(r.callbacks.begin(), r.callbacks.end(), "eval") != r.callbacks.end()) {
-    if (val_data_->size() == 0)
+    if (val_size_ == 0)
       throw DataError(fmt::format(
           "{}: the validation split {} holds {} tokens, fewer than one sequence needs ({}); "
           "raise data.val_fraction (now {}), lower data.seq_len (now {}), or remove `eval` from "
@@ -421,10 +431,10 @@ void Trainer::build() {
                                   : std::string("one document in document mode"),
           r.data.val_fraction, r.data.seq_len));
     const int64_t batches = std::min(r.eval.batches,
-                                     val_batch_count(val_data_->size(), r.train.micro_batch));
+                                     val_batch_count(val_size_, r.train.micro_batch));
     spdlog::info("eval: {} val batches of up to {} sequences ({} of {} val sequences), split "
                  "across {} rank(s)", batches, r.train.micro_batch,
-                 std::min(val_data_->size(), batches * r.train.micro_batch), val_data_->size(),
+                 std::min(val_size_, batches * r.train.micro_batch), val_size_,
                  world);
   }
 
@@ -482,6 +492,11 @@ void Trainer::build() {
     std::vector<int64_t> sizes;
     std::vector<double> weights;
     for (size_t k = 0; k < source_data_.size(); ++k) {
+      if (source_data_[k]->size() == 0)
+        throw ConfigError(fmt::format(
+            "{}: data.sources[{}] ('{}') holds no training sequence ({} tokens, fewer than "
+            "data.seq_len + 1 = {}); give it more text, lower data.seq_len or drop the source",
+            r.source, k, r.data.sources[k].name, source_data_[k]->token_count(), r.data.seq_len + 1));
       sizes.push_back(source_data_[k]->size());
       weights.push_back(r.data.sources[k].weight);
     }
@@ -839,9 +854,9 @@ EvalMetrics Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0, count = 0;
-  for (int64_t b : val_batches_of_rank(r.eval.batches, val_data_->size(), r.train.micro_batch,
+  for (int64_t b : val_batches_of_rank(r.eval.batches, val_size_, r.train.micro_batch,
                                        comm_->rank(), comm_->world_size())) {
-    Batch batch = val_data_->get(val_batch_indices(val_data_->size(), b, r.train.micro_batch));
+    Batch batch = val_get(val_batch_indices(val_size_, b, r.train.micro_batch));
     count += static_cast<double>(count_targets(batch.targets));
     batch = to_device(std::move(batch), device_);
     Autocast autocast(r.train.precision == "bf16", device_);
@@ -916,6 +931,18 @@ std::vector<std::string> Trainer::generate_samples() {
   }
   model_->train();
   return out;
+}
+
+Batch Trainer::val_get(const std::vector<int64_t>& positions) const {
+  if (val_sources_.empty()) return val_data_->get(positions);
+  std::vector<int64_t> offsets, ids;
+  int64_t total = 0;
+  for (int64_t n : val_source_sizes_) {
+    offsets.push_back(total);
+    total += n;
+  }
+  for (int64_t p : positions) ids.push_back(interleaved_ids(val_source_sizes_, p, 1).at(0));
+  return get_mixture(val_sources_, offsets, ids);
 }
 
 void Trainer::write_metrics_line(const std::string& json_line) {

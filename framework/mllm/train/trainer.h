@@ -126,6 +126,12 @@ class Trainer {
   std::vector<std::unique_ptr<TokenDataset>> source_data_;
   std::vector<int64_t> source_offsets_;
   MixtureSampler* mixture_ = nullptr;
+  // Validation: val_data_ (all val shards), or for a mixture each source's val set read in
+  // round-robin order (interleaved_ids), so that a few val batches cover every source.
+  std::vector<std::unique_ptr<TokenDataset>> val_sources_;
+  std::vector<int64_t> val_source_sizes_;
+  int64_t val_size_ = 0;  // sequences of the val set
+  Batch val_get(const std::vector<int64_t>& positions) const;
   std::shared_ptr<LanguageModel> model_;
   std::unique_ptr<DataParallel> dp_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

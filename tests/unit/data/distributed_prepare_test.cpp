@@ -81,7 +81,7 @@ struct RanksResult {
   std::vector<std::string> errors;
   std::vector<std::string> error_types;
 };
-RanksResult prepare_on_ranks(const DataConfig& cfg, int ranks, int threads) {
+RanksResult prepare_on_ranks(const DataConfig& cfg, int ranks, int threads, bool force = true) {
   ThreadHub hub(ranks);
   RanksResult out;
   out.errors.resize(size_t(ranks));
@@ -92,7 +92,7 @@ RanksResult prepare_on_ranks(const DataConfig& cfg, int ranks, int threads) {
       ThreadGroup group(hub, r);
       try {
         PrepareStats st;
-        auto p = prepare_data(cfg, threads, false, group, &st);
+        auto p = ensure_prepared(cfg, threads, false, group, force, nullptr, &st);
         if (r == 0) out.prepared = p, out.stats = st;
       } catch (const DataError& e) {
         out.errors[size_t(r)] = e.what(), out.error_types[size_t(r)] = "DataError";
@@ -346,7 +346,7 @@ TEST(DistributedPrepare, ARerunAfterAnInterruptionReusesTheTokenizerAndGivesTheS
   fs::remove(manifest_path(c, fs::path(first.prepared.dir).filename().string()));
   for (const auto& s : first.prepared.train_shards) fs::remove(s);
   EXPECT_FALSE(is_prepared(c));
-  const auto again = prepare_on_ranks(c, 3, 2);
+  const auto again = prepare_on_ranks(c, 3, 2, /*force=*/false);
   ASSERT_EQ(again.errors[0], "");
   EXPECT_TRUE(again.stats.tokenizer_reused);  // split.json and tokenizer.mllm were kept
   EXPECT_EQ(folder_bytes(again.prepared.dir), want);

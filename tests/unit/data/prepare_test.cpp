@@ -238,10 +238,16 @@ TEST(PrepareData, CacheIsStaleWhenCorpusOrSettingsChange) {
   EXPECT_TRUE(is_prepared(c));
   std::filesystem::remove(load_prepared(c, data_fingerprint(c)).val_shards[0]);
   EXPECT_FALSE(is_prepared(c));
-  // Re-preparing from the same data reuses the cached tokenizer.
+  // Re-preparing from the same data reuses the cached tokenizer (prepare_data, like
+  // mllm-prepare --force, would train it again).
   PrepareStats st;
-  prepare_data(c, 1, false, &st);
+  SingleGroup one;
+  bool prepared = false;
+  ensure_prepared(c, 1, false, one, /*force=*/false, &prepared, &st);
+  EXPECT_TRUE(prepared);
   EXPECT_TRUE(st.tokenizer_reused);
+  ensure_prepared(c, 1, false, one, /*force=*/true, &prepared, &st);
+  EXPECT_FALSE(st.tokenizer_reused);
   EXPECT_TRUE(is_prepared(c));
 }
 

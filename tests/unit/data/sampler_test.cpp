@@ -262,3 +262,23 @@ TEST(MixtureSampler, SameGlobalBatchesAtAnyWorldSizeAndAfterAResume) {
 
 }  // namespace
 }  // namespace mllm
+
+namespace mllm {
+namespace {
+
+TEST(InterleavedIds, RoundRobinOverSourcesSkippingThoseThatRanOut) {
+  // Sources of 3, 1 and 2 sequences: ids 0-2, 3, 4-5. By hand: round 0: 0, 3, 4; round 1: 1, 5;
+  // round 2: 2.
+  const std::vector<int64_t> want = {0, 3, 4, 1, 5, 2};
+  EXPECT_EQ(interleaved_ids({3, 1, 2}, 0, 100), want);
+  for (int64_t first = 0; first < 6; ++first)
+    for (int64_t count = 0; count <= 6 - first; ++count)
+      EXPECT_EQ(interleaved_ids({3, 1, 2}, first, count),
+                std::vector<int64_t>(want.begin() + first, want.begin() + first + count));
+  EXPECT_EQ(interleaved_ids({0, 2}, 0, 5), (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(interleaved_ids({4}, 4, 3).empty());
+  EXPECT_THROW(interleaved_ids({4}, -1, 1), ConfigError);
+}
+
+}  // namespace
+}  // namespace mllm

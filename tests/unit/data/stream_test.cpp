@@ -271,3 +271,58 @@ TEST(CacheFolders, AnotherDataConfigurationNeverReplacesACache) {
 
 }  // namespace
 }  // namespace mllm
+
+namespace mllm {
+namespace {
+
+TEST(CorpusFiles, OneFileHoweverItIsSpelled) {
+  TempDir dir;
+  test::write_file(dir / "a.jsonl", test::jsonl_of({"one", "two"}));
+  const std::string rel = fs::relative(dir / "a.jsonl").string();
+  const auto files = resolve_corpus_files(
+      {dir / "a.jsonl", dir.path() + "//a.jsonl", dir.path() + "/./a.jsonl", rel, dir / "*.jsonl"});
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0], dir / "a.jsonl");  // the first spelling is kept
+}
+
+TEST(CompressedCorpus, AnEmptyCompressedFileIsAnError) {
+  TempDir dir;
+  test::write_file(dir / "e.jsonl.gz", "");
+  test::write_file(dir / "e.txt.zst", "");
+  DataConfig c;
+  EXPECT_TRUE(throws_with<DataError>([&] { read_corpus_file(dir / "e.jsonl.gz", c); },
+                                     {"e.jsonl.gz", "empty file", "not a gzip stream"}));
+  EXPECT_TRUE(throws_with<DataError>([&] { read_corpus_file(dir / "e.txt.zst", c); },
+                                     {"e.txt.zst", "empty file", "not a zstd stream"}));
+  test::write_file(dir / "blank.txt.gz", test::gzip_members({""}));  // a valid, empty stream
+  EXPECT_TRUE(read_corpus_file(dir / "blank.txt.gz", c).empty());
+}
+
+TEST(CacheFolders, ADamagedTokenizerOrABadCacheDirIsFoundBeforeReadingTheCorpus) {
+  TempDir dir;
+  test::write_file(dir / "p.jsonl", test::jsonl_of(numbered_poems(50)));
+  DataConfig c;
+  c.corpus = {dir / "p.jsonl"};
+  c.cache_dir = dir / "cache";
+  const auto p = prepare_data(c, 1, false);
+  EXPECT_TRUE(is_prepared(c));
+  const std::string bytes = test::slurp(p.tokenizer_path);
+  test::write_file(p.tokenizer_path, bytes.substr(0, bytes.size() / 2));
+  EXPECT_FALSE(is_prepared(c));  // the manifest alone does not make it complete
+  SingleGroup one;
+  bool prepared = false;
+  ensure_prepared(c, 1, false, one, false, &prepared);
+  EXPECT_TRUE(prepared);
+  EXPECT_EQ(test::slurp(p.tokenizer_path), bytes);
+  // A cache_dir that is a file: a ConfigError naming the key, before any corpus byte is read
+  // (the corpus here does not even exist).
+  test::write_file(dir / "afile", "x");
+  DataConfig bad = c;
+  bad.corpus = {dir / "missing.jsonl"};
+  bad.cache_dir = dir / "afile/cache";
+  EXPECT_TRUE(throws_with<ConfigError>([&] { ensure_prepared(bad, 1, false, one); },
+                                       {"data.cache_dir", "afile", "not a folder"}));
+}
+
+}  // namespace
+}  // namespace mllm

@@ -40,6 +40,17 @@ __attribute__((visibility("default"))) void* mllm_pq_open(const char* path, cons
     const parquet::SchemaDescriptor* schema = f->meta->schema();
     f->column = schema->ColumnIndex(column);
     if (f->column < 0) {
+      // A list or struct column has leaves "text.list.element": name it as such.
+      const std::string prefix = std::string(column) + ".";
+      for (int i = 0; i < schema->num_columns(); ++i) {
+        const std::string leaf = schema->Column(i)->path()->ToDotString();
+        if (leaf.compare(0, prefix.size(), prefix) == 0) {
+          say(err, err_ctx, "column '" + std::string(column) + "' is a nested (list or struct) "
+                                "column (" + leaf + "), expected strings (Parquet BYTE_ARRAY, "
+                                "Arrow string)");
+          return nullptr;
+        }
+      }
       std::string names;
       for (int i = 0; i < schema->num_columns(); ++i)
         names += (i ? ", " : "") + schema->Column(i)->path()->ToDotString();
