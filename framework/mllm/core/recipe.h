@@ -69,6 +69,8 @@ struct ModelConfig {
   bool tie_embeddings = false;   // llama: share input embedding and output head
   double init_std = 0.02;        // normal init std; residual projections / sqrt(2 n_layers)
   std::string attn_impl = "auto";  // eager | sdpa | auto (sdpa on CUDA, eager on the CPU)
+  std::string activation_checkpointing = "none";  // none | full | every_n (blocks recomputed in backward)
+  int64_t checkpoint_every = 2;  // every_n: blocks 0, n, 2n, ... are checkpointed
   Options options;               // model.options: what the model type declares (options.h)
 };
 
@@ -111,7 +113,7 @@ struct DistConfig {
   double bucket_mb = 25.0;       // gradient bucket cap, MiB
   double timeout_s = 300.0;      // collective timeout before the job is aborted
   int64_t check_every_steps = 1000;  // replica check (hash of weights + optimizer state); 0 = off
-  int64_t zero_stage = 0;        // 0: replicated AdamW state; 1: sharded over ranks (ZeRO stage 1)
+  int64_t zero_stage = 0;        // 0: replicated AdamW state; 1: sharded over ranks (ZeRO stage 1); 2: gradients too
 };
 
 struct CheckpointConfig {

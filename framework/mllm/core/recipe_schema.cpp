@@ -463,6 +463,12 @@ KeySpec recipe_schema(Recipe& r) {
           key("attn_impl", m.attn_impl,
               "attention kernel: eager (explicit softmax), sdpa (LibTorch scaled_dot_product_attention), "
               "auto (sdpa on CUDA, eager on the CPU)", {"auto", "eager", "sdpa"}),
+          key("activation_checkpointing", m.activation_checkpointing,
+              "blocks that keep only their input and recompute their forward in backward (less "
+              "activation memory for ~1/3 more compute): none, full (every block), every_n "
+              "(blocks 0, n, 2n, ... with n = checkpoint_every)", {"none", "full", "every_n"}),
+          key("checkpoint_every", m.checkpoint_every, "activation_checkpointing: every_n: "
+              "checkpoint every n-th block", at_least(1)),
           options_spec("options", "model", m.type, m.options),
       }),
       section("train", "loop and batch sizes", {
@@ -513,7 +519,8 @@ KeySpec recipe_schema(Recipe& r) {
               "rank's weights and optimizer state; a mismatch stops the run (0 = off)", at_least(0)),
           key("zero_stage", r.dist.zero_stage, "0: every rank holds all AdamW state; 1: each rank "
               "holds the state of its 1/N slice of every bucket (ZeRO stage 1: reduce-scatter, "
-              "sharded update, all-gather)", in_range(0, 1)),
+              "sharded update, all-gather); 2: the gradients too (ZeRO stage 2: reduce-scattered "
+              "every micro-step, full-size only for the buckets in flight)", in_range(0, 2)),
       }),
       section("checkpoint", "checkpoints and resume", {
           key("every_steps", r.checkpoint.every_steps, "save every N steps (0 = only at the end)", at_least(0)),

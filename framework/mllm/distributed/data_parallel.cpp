@@ -114,8 +114,8 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<Communicator> comm, int64_t bucket_bytes, int zero_stage)
     : model_(std::move(model)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
       zero_stage_(zero_stage) {
-  if (zero_stage_ != 0 && zero_stage_ != 1)
-    throw Error(fmt::format("DataParallel: zero_stage must be 0 or 1, got {} (dist.zero_stage)",
+  if (zero_stage_ < 0 || zero_stage_ > 2)
+    throw Error(fmt::format("DataParallel: zero_stage must be 0, 1 or 2, got {} (dist.zero_stage)",
                             zero_stage_));
   if (!model_) throw Error("DataParallel: model is null");
   if (!comm_) throw Error("DataParallel: communicator is null");
@@ -148,7 +148,7 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     b.pending = static_cast<int>(b.params.size());
     buckets_.push_back(std::move(b));
   }
-  if (zero_stage_ == 1) {
+  if (zero_stage_ >= 1) {
     // This rank's slice of each flat bucket, cut at parameter boundaries into segments.
     const int world = comm_->world_size(), rank = comm_->rank();
     for (auto& b : buckets_) {
@@ -291,7 +291,8 @@ void DataParallel::set_sync(bool enabled) {
 }
 
 void DataParallel::on_grad_ready(size_t i) {
-  if (!sync_enabled_.load()) return;  // non-final micro-step: gradients only accumulate
+  // Non-final micro-step: gradients only accumulate (stage 2: reduce-scattered all the same).
+  if (!sync_enabled_.load() && zero_stage_ < 2) return;
   std::lock_guard<std::mutex> lock(mu_);
   Param& p = params_[i];
   if (p.ready)
@@ -316,8 +317,18 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& first = params_[b.params.front()].tensor;
   const int64_t n_params = static_cast<int64_t>(b.params.size());
-  if (!b.buffer.defined())
+  if (zero_stage_ == 2) {
+    // At most two full-size buffers at once: the bucket launched two before this one is done
+    // (or waited for here, usually long finished) and folded into its shard.
+    for (size_t k = 0; k + 2 < next_launch_; ++k)
+      if (!buckets_[k].folded) fold_bucket_locked(buckets_[k]);
+    // Every element is written below (a gradient, zeros or a flag).
+    b.buffer = torch::empty({b.numel + n_params}, first.options().requires_grad(false));
+    b.grad_shard = b.buffer.narrow(0, b.shard.begin, b.shard.numel());
+    b.folded = false;
+  } else if (!b.buffer.defined()) {
     b.buffer = torch::zeros({b.numel + n_params}, first.options().requires_grad(false));
+  }
   // The flags say which parameters had a gradient on this rank: after the average a flag > 0
   // means some rank had one, so the parameter gets a .grad; otherwise it stays undefined.
   std::vector<float> flags(static_cast<size_t>(n_params), 0.0f);
@@ -329,7 +340,11 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
     if (g.defined()) {
       if (g.is_sparse())
         throw Error("DataParallel: sparse gradient for parameter '" + p.name + "' is not supported");
-      if (g.data_ptr() != slice.data_ptr()) {
+      if (zero_stage_ == 2) {
+        // Into the bucket, and the full-size .grad is freed (the next backward makes a new one).
+        slice.view(g.sizes()).copy_(g);
+        p.tensor.mutable_grad() = torch::Tensor();
+      } else if (g.data_ptr() != slice.data_ptr()) {
         // First step, or the grads were reset to undefined: copy this one in and make .grad
         // alias the bucket from now on. Autograd then accumulates straight into the bucket
         // (in place, as it does for a defined .grad) and the averaged result lands in .grad
@@ -359,7 +374,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
       flags_view.copy_(host.to(flags_view.scalar_type()).pin_memory(), /*non_blocking=*/true);
     }
   }
-  if (zero_stage_ == 1) {
+  if (zero_stage_ >= 1) {
     // The flags are needed everywhere (which parameters got a gradient), the gradients only in
     // each rank's slice.
     torch::Tensor grads = b.buffer.narrow(0, 0, b.numel);
@@ -388,8 +403,52 @@ void DataParallel::reset_step_locked() {
   in_flight_ = false;
 }
 
+void DataParallel::fold_bucket_locked(Bucket& b) {
+  torch::NoGradGuard no_grad;
+  b.flags_work->wait();
+  b.work->wait();
+  if (b.all_local) {
+    for (size_t i : b.params) params_[i].used = true;
+  } else {
+    const int64_t n_params = static_cast<int64_t>(b.params.size());
+    torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
+    const double* f = flags.data_ptr<double>();
+    for (int64_t k = 0; k < n_params; ++k)
+      if (f[k] > 0) params_[b.params[k]].used = true;
+  }
+  if (b.shard.numel() > 0) {
+    if (!b.grad_acc.defined()) b.grad_acc = torch::empty({b.shard.numel()}, b.grad_shard.options());
+    if (b.acc_valid) b.grad_acc.add_(b.grad_shard);
+    else b.grad_acc.copy_(b.grad_shard);
+  }
+  b.acc_valid = true;
+  b.buffer = torch::Tensor();  // the full-size buffer goes (the caching allocator keeps it on a GPU)
+  b.grad_shard = torch::Tensor();
+  b.work.reset();
+  b.flags_work.reset();
+  b.folded = true;
+}
+
+const torch::Tensor& DataParallel::shard_grad(const Bucket& b) const {
+  static const torch::Tensor kNone;
+  if (b.shard.numel() == 0) return kNone;
+  if (zero_stage_ == 2) return b.acc_valid ? b.grad_acc : kNone;
+  return b.grad_shard;
+}
+
+void DataParallel::zero_grad() {
+  if (zero_stage_ != 2) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_)
+    throw Error("DataParallel::zero_grad while a gradient sync is in flight; call "
+                "finish_gradient_sync() after the backward first");
+  for (auto& b : buckets_) b.acc_valid = false;
+  for (auto& p : params_) p.used = false;
+  for (auto& seg : segments_) seg.param.mutable_grad() = torch::Tensor();
+}
+
 void DataParallel::finish_gradient_sync() {
-  if (local_only_ || !sync_enabled_.load()) return;
+  if (local_only_ || (!sync_enabled_.load() && zero_stage_ < 2)) return;
   std::unique_lock<std::mutex> lock(mu_);
   try {
     // Parameters backward did not reach this time: their accumulated .grad (or zeros) is sent.
@@ -402,6 +461,28 @@ void DataParallel::finish_gradient_sync() {
     }
     launch_ready_buckets_locked();
     torch::NoGradGuard no_grad;
+    if (zero_stage_ == 2) {
+      adopt_params();  // Module::load (a resume) may have replaced the storage
+      for (auto& b : buckets_) {
+        if (!b.folded) fold_bucket_locked(b);
+        for (size_t si : b.segments) {
+          ShardSegment& seg = segments_[si];
+          const Param& p = params_[segment_param_[si]];
+          torch::Tensor& g = seg.param.mutable_grad();
+          if (!p.used) {
+            g = torch::Tensor();  // no rank had a gradient for it since zero_grad()
+            continue;
+          }
+          const int64_t at = p.offset + seg.begin - b.shard.begin;
+          const void* want = static_cast<char*>(b.grad_acc.data_ptr()) +
+                             at * static_cast<int64_t>(b.grad_acc.element_size());
+          if (!g.defined() || g.data_ptr() != want)
+            g = bucket_alias(b.grad_acc, at, {seg.end - seg.begin});
+        }
+      }
+      reset_step_locked();
+      return;
+    }
     if (zero_stage_ == 1) {
       adopt_params();  // Module::load (a resume) may have replaced the storage
       for (auto& b : buckets_) {
@@ -470,19 +551,20 @@ double DataParallel::clip_grad_norm(double max_norm) {
       throw Error("DataParallel::clip_grad_norm called while a gradient sync is in flight; call "
                   "finish_gradient_sync() first");
   }
-  if (zero_stage_ == 1) {
+  if (zero_stage_ >= 1) {
     // Each rank's slices: partial sums of squares, one all-reduce, the same norm everywhere.
     std::vector<torch::Tensor> slices;
-    for (const auto& b : buckets_)
-      if (b.shard.numel() > 0) slices.push_back(b.grad_shard);
+    for (const auto& b : buckets_) slices.push_back(shard_grad(b));
     torch::Tensor total = torch::tensor({total_squares(slices)}, torch::kDouble);
     collectives_issued_ += 1;
     comm_->all_reduce(total, ReduceOp::kSum);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
       torch::NoGradGuard no_grad;
-      for (auto& b : buckets_)
-        if (b.shard.numel() > 0) b.grad_shard.mul_(max_norm / norm);
+      for (const auto& b : buckets_) {
+        torch::Tensor g = shard_grad(b);
+        if (g.defined()) g.mul_(max_norm / norm);
+      }
     }
     return norm;
   }
@@ -509,7 +591,8 @@ void DataParallel::adopt_params() {
     for (size_t i : b.params) {
       Param& p = params_[i];
       if (!p.tensor.is_contiguous())
-        throw Error("DataParallel: zero_stage 1 needs contiguous parameters; '" + p.name + "' is not");
+        throw Error(fmt::format("DataParallel: zero_stage {} needs contiguous parameters; '{}' is not",
+                                zero_stage_, p.name));
       const int64_t at = b.param_flat.storage_offset() + p.offset;
       if (p.tensor.storage().is_alias_of(b.param_flat.storage()) && p.tensor.storage_offset() == at)
         continue;
@@ -553,15 +636,25 @@ DataParallel::Footprint DataParallel::footprint() const {
   for (const auto& p : params_) {
     const int64_t bytes = p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
     f.param_bytes += bytes;
-    f.grad_bytes += bytes;  // the bucket buffers (at stage 1 the averaged slice is in place)
+    // The bucket buffers (at stage 1 the averaged slice is in place); stage 2: below.
+    if (zero_stage_ < 2) f.grad_bytes += bytes;
     if (zero_stage_ == 0) f.optimizer_elements += p.tensor.numel();
   }
+  std::vector<int64_t> bucket_bytes;
   for (const auto& b : buckets_) {
     if (local_only_) break;  // .grad alone, no buckets
     const int64_t elem = static_cast<int64_t>(params_[b.params.front()].tensor.element_size());
-    f.grad_bytes += static_cast<int64_t>(b.params.size()) * elem;  // the "used" flags
-    if (zero_stage_ == 1) f.optimizer_elements += b.shard.numel();
+    const int64_t flags = static_cast<int64_t>(b.params.size()) * elem;  // the "used" flags
+    if (zero_stage_ == 2) {
+      f.grad_bytes += b.shard.numel() * elem;  // the gradient shard
+      bucket_bytes.push_back(b.numel * elem + flags);
+    } else {
+      f.grad_bytes += flags;
+    }
+    if (zero_stage_ >= 1) f.optimizer_elements += b.shard.numel();
   }
+  std::sort(bucket_bytes.rbegin(), bucket_bytes.rend());
+  for (size_t k = 0; k < bucket_bytes.size() && k < 2; ++k) f.transient_grad_bytes += bucket_bytes[k];
   return f;
 }
 

@@ -32,8 +32,15 @@ class DataParallel {
   // the averaged gradient of its contiguous slice of every flat bucket (shard_range) only. The
   // slices are exposed as shard_segments(), one per (parameter, slice) intersection, which an
   // optimizer updates in place (they alias the parameters' memory); all_gather_params() then
-  // brings every rank's updated slices back into every replica. Throws Error for a zero_stage
-  // other than 0 or 1.
+  // brings every rank's updated slices back into every replica.
+  //
+  // `zero_stage` 2 (ZeRO stage 2, "gradient partitioning"): as stage 1, and the gradients too are
+  // kept only for this rank's slices. Every backward (every micro-step of an accumulation, so
+  // call finish_gradient_sync() after each; set_sync(false) has no effect) copies each bucket's
+  // gradients into a full-size buffer that lives while its reduce-scatter is in flight (at most
+  // two buckets at once), frees the parameters' .grad, and adds the averaged slice into a
+  // persistent gradient shard (1/N of the gradients). zero_grad() starts a new accumulation.
+  // Throws Error for a zero_stage other than 0, 1 or 2.
   //
   // World size 1 at stage 0: nothing to average, so no hooks, buckets or collectives at all;
   // .grad stays what autograd accumulated (the same values the bucketed path would give).
@@ -70,6 +77,7 @@ class DataParallel {
   // before the last micro-step's backward. Throws Error while a sync is in flight (between a
   // synced backward and finish_gradient_sync).
   // (At world size 1, stage 0, there is no sync to be in flight: only the flag is kept.)
+  // At stage 2 every backward reduce-scatters whatever the flag says.
   void set_sync(bool enabled);
   bool sync_enabled() const { return sync_enabled_.load(); }
 
@@ -86,7 +94,12 @@ class DataParallel {
   // Throws CommError when a collective fails.
   void finish_gradient_sync();
 
-  // Stage 1 only. A contiguous piece of one parameter that this rank updates: elements
+  // Call at the start of every optimizer step (before its first backward). Stage 2: the next
+  // finish_gradient_sync writes the gradient shards afresh instead of adding to them, and the
+  // segments' .grad are undefined until then. No-op at stages 0 and 1.
+  void zero_grad();
+
+  // Stages 1 and 2. A contiguous piece of one parameter that this rank updates: elements
   // [begin, end) of the flattened parameter `name`. `param` is a 1-D tensor [end - begin] (the
   // parameter's dtype and device) aliasing the parameter's own memory; after
   // finish_gradient_sync its .grad aliases the averaged gradient of those elements, or is
@@ -115,10 +128,12 @@ class DataParallel {
 
   // Bytes this rank stores for the parameters and the gradients (the bucket buffers, or .grad
   // alone at world size 1; at stage 1 the averaged slice is reduce-scattered in place into the
-  // buckets), and the number of elements whose AdamW moments it keeps (all parameters at stage
-  // 0, its slices at stage 1). For the start-up memory log.
+  // buckets; at stage 2 the gradient shards), the bytes of full-size gradient buffers that exist
+  // only during backward (stage 2: the two largest buckets; 0 otherwise), and the number of
+  // elements whose AdamW moments it keeps (all parameters at stage 0, its slices at stages 1 and
+  // 2). For the start-up memory log.
   struct Footprint {
-    int64_t param_bytes = 0, grad_bytes = 0, optimizer_elements = 0;
+    int64_t param_bytes = 0, grad_bytes = 0, transient_grad_bytes = 0, optimizer_elements = 0;
   };
   Footprint footprint() const;
 
@@ -149,6 +164,7 @@ class DataParallel {
     size_t bucket = 0;
     int64_t offset = 0;     // element offset in the bucket buffer
     bool ready = false;     // its hook fired (or was stood in for) in the current synced step
+    bool used = false;      // stage 2: some rank had a gradient for it since zero_grad()
   };
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
@@ -165,12 +181,22 @@ class DataParallel {
     std::vector<size_t> segments;  // indices into segments_
     torch::Tensor param_flat;      // [numel]: the bucket's parameters are views of it (stage 1)
     std::shared_ptr<Work> gather_work;
+    // Stage 2: the accumulated averaged gradient of this rank's slice [shard.numel()], and
+    // whether it holds this step's sum yet (false after zero_grad: the next fold copies).
+    torch::Tensor grad_acc;
+    bool acc_valid = false;
+    bool folded = true;  // launched and folded into grad_acc (or never launched)
   };
 
   void on_grad_ready(size_t param_index);          // the autograd hook
   void launch_ready_buckets_locked();              // in bucket order, as the prefix completes
   void launch_bucket_locked(Bucket& b);
   void reset_step_locked();
+  // Stage 2: waits for bucket b's reduce-scatter, adds its slice into grad_acc, frees the buffer.
+  void fold_bucket_locked(Bucket& b);
+  // The averaged gradient of this rank's slice of bucket b (stage 1: in the bucket; stage 2:
+  // grad_acc); undefined when the slice is empty.
+  const torch::Tensor& shard_grad(const Bucket& b) const;
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<Communicator> comm_;
@@ -179,7 +205,7 @@ class DataParallel {
   bool local_only_ = false;  // world size 1, stage 0: no hooks, no buckets, no collectives
   std::vector<ShardSegment> segments_;
   std::vector<size_t> segment_param_;  // segments_[i] belongs to params_[segment_param_[i]]
-  // Stage 1: makes every parameter a view of its bucket's param_flat again (Module::load, on a
+  // Stages 1 and 2: makes every parameter a view of its bucket's param_flat again (Module::load, on a
   // resume, replaces parameters' storage; the values are copied in first) and aims the segments
   // at the flat buffers.
   void adopt_params();

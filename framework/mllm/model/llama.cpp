@@ -135,8 +135,13 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
                                         uses_sdpa(options_.attn_impl, tokens.device()));
   auto x = drop(tok_emb(tokens));
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->forward(x, blocked, *rope_, offset, cache ? &cache->k[l] : nullptr,
-                            cache ? &cache->v[l] : nullptr);
+    if (cache != nullptr) {
+      x = blocks_[l]->forward(x, blocked, *rope_, offset, &cache->k[l], &cache->v[l]);
+      continue;
+    }
+    x = run_block(int64_t(l), x, [block = blocks_[l], blocked, rope = rope_](const torch::Tensor& in) mutable {
+      return block->forward(in, blocked, *rope, 0, nullptr, nullptr);
+    });
   }
   x = norm(x);
   auto logits = options_.tie_embeddings ? torch::nn::functional::linear(x, tok_emb->weight)

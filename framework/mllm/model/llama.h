@@ -101,6 +101,7 @@ class Llama : public LanguageModel {
   int64_t max_seq_len() const override { return options_.max_seq_len; }
   // N counts every parameter except the token table, plus V d for the head when it is tied.
   int64_t flops_per_token(int64_t seq_len) const override;
+  bool supports_block_hooks() const override { return true; }
   const LlamaOptions& options() const { return options_; }
 
   torch::nn::Embedding tok_emb{nullptr};

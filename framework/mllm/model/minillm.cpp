@@ -110,8 +110,13 @@ torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
   auto x = tok_emb(tokens) * std::sqrt(static_cast<double>(options_.d_model)) + pos_emb(positions);
   x = drop(x);
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    x = blocks_[l]->forward(x, blocked, offset, cache ? &cache->k[l] : nullptr,
-                            cache ? &cache->v[l] : nullptr);
+    if (cache != nullptr) {
+      x = blocks_[l]->forward(x, blocked, offset, &cache->k[l], &cache->v[l]);
+      continue;
+    }
+    x = run_block(int64_t(l), x, [block = blocks_[l], blocked](const torch::Tensor& in) mutable {
+      return block->forward(in, blocked, 0, nullptr, nullptr);
+    });
   }
   auto logits = lm_head(x).to(torch::kFloat);
   if (cache != nullptr) cache->length += t;

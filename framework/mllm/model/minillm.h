@@ -78,6 +78,7 @@ class MiniLLM : public LanguageModel {
   int64_t vocab_size() const override { return options_.vocab_size; }
   int64_t max_seq_len() const override { return options_.max_seq_len; }
   int64_t flops_per_token(int64_t seq_len) const override;
+  bool supports_block_hooks() const override { return true; }
   const MiniLLMOptions& options() const { return options_; }
 
   torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};

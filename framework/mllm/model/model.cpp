@@ -28,6 +28,19 @@ bool LanguageModel::is_embedding(const std::string& param_name) const {
   return param_name == "tok_emb.weight" || param_name == "pos_emb.weight";
 }
 
+void LanguageModel::set_activation_checkpointing(const ActivationCheckpointing& ac) {
+  if (ac.mode != "none" && !supports_block_hooks())
+    throw ConfigError("model.activation_checkpointing: this model type runs its blocks without "
+                      "LanguageModel::run_block, so none can be checkpointed; use none");
+  checkpointing_ = ac;
+}
+
+torch::Tensor LanguageModel::run_block(int64_t layer, const torch::Tensor& x,
+                                       const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
+  if (is_training() && checkpointing_.applies_to(layer)) return checkpointed(fn, x);
+  return fn(x);
+}
+
 ModelRegistry& model_registry() {
   static ModelRegistry registry("model");
   return registry;

@@ -13,6 +13,7 @@
 #include "mllm/core/registry.h"
 
 #include "mllm/core/special_tokens.h"
+#include "mllm/model/activation_checkpoint.h"
 
 namespace mllm {
 
@@ -79,6 +80,26 @@ class LanguageModel : public torch::nn::Module {
   // pos_emb.weight). The optimizer leaves them out of weight decay by default; biases and norm
   // weights are recognised by the optimizer itself (1-D tensors).
   virtual bool is_embedding(const std::string& param_name) const;
+
+  // Activation checkpointing of the transformer blocks (model.activation_checkpointing): in
+  // training mode with grad enabled, forward() runs the chosen blocks through checkpointed(), so
+  // their inner activations are recomputed in backward instead of kept. Models whose forward runs
+  // every block through run_block() support it and say so in supports_block_hooks(); set it on
+  // another model and it throws mllm::ConfigError naming the model. forward_cached and eval
+  // mode never checkpoint.
+  void set_activation_checkpointing(const ActivationCheckpointing& ac);
+  const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
+  virtual bool supports_block_hooks() const { return false; }
+
+ protected:
+  // The hook point around transformer block `layer` (0-based) of forward(): returns fn(x), or
+  // checkpointed(fn, x) when that block is checkpointed. fn must capture what it reads by value
+  // (backward may call it again after forward returned).
+  torch::Tensor run_block(int64_t layer, const torch::Tensor& x,
+                          const std::function<torch::Tensor(const torch::Tensor&)>& fn);
+
+ private:
+  ActivationCheckpointing checkpointing_;
 };
 
 // Factory signature: (model section, vocabulary size, resolved max_seq_len = recipe.max_seq_len()).

@@ -150,7 +150,7 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
                             const std::string& tokenizer_path, int64_t keep_last,
-                            const std::vector<OptimizerPiece>* shard) {
+                            const std::vector<OptimizerPiece>* shard, int zero_stage) {
   const fs::path dir(checkpoints_dir);
   const fs::path final_dir = dir / checkpoint_name(state.step);
   const fs::path tmp_dir = dir / (".tmp_" + checkpoint_name(state.step));
@@ -216,7 +216,7 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
       for (size_t r = 0; r < all.size(); ++r)
         ranks.push_back({{"file", optimizer_rank_file(static_cast<int>(r))},
                          {"pieces", json::parse(all[r])}});
-      optimizer_shards = {{"zero_stage", 1}, {"world_size", comm.world_size()}, {"ranks", ranks}};
+      optimizer_shards = {{"zero_stage", zero_stage}, {"world_size", comm.world_size()}, {"ranks", ranks}};
     }
   }
   // Why: if rank 0 fails below it removes tmp_dir; no other rank may still be writing into it.

@@ -57,9 +57,9 @@ std::string checkpoint_name(int64_t step);
 // own module/optimizer (identical across ranks) and writes its RNG state; rank 0 writes the rest.
 // Keeps the newest `keep_last` checkpoints up to this step and removes those past it (an
 // abandoned continuation). Returns the final folder path.
-// `shard` (ZeRO stage 1): this rank's optimizer pieces. Then every rank writes its own AdamW
-// state to optimizer_rank_NN.pt (no optimizer.pt), and manifest.json lists each rank's pieces
-// under "optimizer_shards" ({"zero_stage": 1, "world_size": N, "ranks": [{"file", "pieces":
+// `shard` (ZeRO stages 1 and 2): this rank's optimizer pieces. Then every rank writes its own
+// AdamW state to optimizer_rank_NN.pt (no optimizer.pt), and manifest.json lists each rank's
+// pieces under "optimizer_shards" ({"zero_stage": `zero_stage`, "world_size": N, "ranks": [{"file", "pieces":
 // [{"param", "begin", "end", "numel", "state"}]}]}); every rank must pass its own.
 // Throws mllm::Error (exit 1, not bad input) naming the file when a write fails ("cannot write
 // <file>: No space left on device"); rank 0 then removes the temporary folder, and `latest`
@@ -69,7 +69,8 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
                             const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const std::string& recipe_yaml,
                             const std::string& tokenizer_path, int64_t keep_last,
-                            const std::vector<OptimizerPiece>* shard = nullptr);
+                            const std::vector<OptimizerPiece>* shard = nullptr,
+                            int zero_stage = 1);
 
 // Removes what an interrupted save left in `checkpoints_dir` (.tmp_step_* folders, .latest.tmp)
 // and returns their names. Call only while holding the run-folder lock (train/run_lock.h).

@@ -133,7 +133,8 @@ bool may_change_on_resume(const std::string& key) {
   return matches_any(key, {"run.name", "run.out_dir", "train.max_steps", "train.stop_at_step",
                            "train.time_limit_s", "train.threads", "train.device", "train.tf32",
                            "train.sync_debug", "train.on_nonfinite", "train.max_nonfinite_skips",
-                           "model.attn_impl", "data.prepare_memory_mb",
+                           "model.attn_impl", "model.activation_checkpointing",
+                           "model.checkpoint_every", "data.prepare_memory_mb",
                            "data.prepare_segment_bytes", "callbacks", "plugins", "checkpoint.", "eval.",
                            "sample.", "log.", "dist."}) ||
          changes_training_on_resume(key);
@@ -442,6 +443,8 @@ void Trainer::build() {
   torch::manual_seed(static_cast<uint64_t>(r.run.seed));
   model_ = model_registry().create(r.model.type, r.model, tokenizer_->vocab_size(), r.max_seq_len());
   model_->to(device_);  // initialised on the CPU first: the same weights on every device
+  model_->set_activation_checkpointing(
+      ActivationCheckpointing(r.model.activation_checkpointing, r.model.checkpoint_every));
   flops_per_token_ = model_->flops_per_token(r.data.seq_len);
   dp_ = std::make_unique<DataParallel>(model_, comm_,
                                        static_cast<int64_t>(r.dist.bucket_mb * 1024 * 1024),
@@ -449,15 +452,21 @@ void Trainer::build() {
   dp_->broadcast_and_verify();
   spdlog::info("model {}: {} parameters, {} FLOPs per token (fwd+bwd)", r.model.type,
                model_->num_params(), flops_per_token_);
+  if (r.model.activation_checkpointing != "none")
+    spdlog::info("activation checkpointing ({}): {} of {} blocks keep only their input and "
+                 "recompute their forward in backward (MFU counts model FLOPs: the recomputation "
+                 "is not in it)", r.model.activation_checkpointing,
+                 model_->activation_checkpointing().count(r.model.n_layers), r.model.n_layers);
 
   for (const auto& p : model_->named_parameters())
     named_params_.push_back({p.key(), p.value(), model_->is_embedding(p.key())});
-  if (r.dist.zero_stage == 1) {
+  if (r.dist.zero_stage >= 1) {
     // AdamW over this rank's shard segments, each in its parameter's weight-decay group.
     if (r.optim.type != "adamw")
-      throw ConfigError(fmt::format("{}: dist.zero_stage=1 shards the state of the built-in adamw "
-                                    "optimizer only; optim.type is '{}' (use dist.zero_stage=0)",
-                                    r.source, r.optim.type));
+      throw ConfigError(fmt::format("{}: dist.zero_stage={} shards the state of the built-in "
+                                    "adamw optimizer only; optim.type is '{}' (use "
+                                    "dist.zero_stage=0)",
+                                    r.source, r.dist.zero_stage, r.optim.type));
     std::unordered_map<std::string, bool> decay_of;
     for (const auto& p : named_params_) decay_of[p.name] = decays(r.optim, p);
     std::vector<torch::Tensor> decay, no_decay;
@@ -474,9 +483,13 @@ void Trainer::build() {
     const int64_t opt_bytes = 2 * f.optimizer_elements * elem;
     auto mib = [](int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20)); };
     spdlog::info("memory per rank (dist.zero_stage={}): parameters {}, gradients {}, optimizer state "
-                 "{} (AdamW moments of {} of {} elements), {} in all", r.dist.zero_stage,
+                 "{} (AdamW moments of {} of {} elements), {} in all{}", r.dist.zero_stage,
                  mib(f.param_bytes), mib(f.grad_bytes), mib(opt_bytes), f.optimizer_elements,
-                 model_->num_params(), mib(f.param_bytes + f.grad_bytes + opt_bytes));
+                 model_->num_params(), mib(f.param_bytes + f.grad_bytes + opt_bytes),
+                 f.transient_grad_bytes > 0
+                     ? fmt::format("; during backward up to {} more for the buckets in flight",
+                                   mib(f.transient_grad_bytes))
+                     : std::string());
   }
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
                                             r.train.max_steps);
@@ -563,7 +576,7 @@ void Trainer::resume_from(const std::string& folder) {
         "({:016x}); the data was re-prepared differently", folder, saved.tokenizer_fingerprint,
         recipe_.data.cache_dir, state_.tokenizer_fingerprint));
   load_model_weights(folder, *model_);
-  if (recipe_.dist.zero_stage == 1 || has_sharded_optimizer_state(folder))
+  if (recipe_.dist.zero_stage >= 1 || has_sharded_optimizer_state(folder))
     load_optimizer_state_resharded(folder, *optimizer_, optimizer_pieces(), named_params_,
                                    recipe_.optim);
   else
@@ -699,7 +712,8 @@ StepMetrics Trainer::train_step() {
   dp_->wait_params();  // stage 1: the last step's all-gather, overlapped with the batch loading
   model_->train();
   optimizer_->zero_grad();
-  if (dp_->zero_stage() == 1) model_->zero_grad();  // the optimizer's tensors are the segments
+  if (dp_->zero_stage() >= 1) model_->zero_grad();  // the optimizer's tensors are the segments
+  dp_->zero_grad();  // stage 2: a new accumulation into the gradient shards
   const int rank = comm_->rank();
   const int64_t this_step = state_.step + 1;
   set_current_step(this_step);
@@ -708,8 +722,10 @@ StepMetrics Trainer::train_step() {
   // additions in the same order as summing item<double>() values.
   torch::Tensor local_loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device_));
   for (std::size_t a = 0; a < batches.size(); ++a) {
-    // Why: only the last micro-step all-reduces; earlier ones just accumulate locally.
-    dp_->set_sync(a + 1 == batches.size());
+    // Why: only the last micro-step all-reduces; earlier ones just accumulate locally. Stage 2
+    // reduce-scatters every micro-step (no full-size gradient is kept between them).
+    const bool last = a + 1 == batches.size();
+    dp_->set_sync(last || dp_->zero_stage() >= 2);
     auto t0 = std::chrono::steady_clock::now();
     sync_phase("forward");
     torch::Tensor loss;
@@ -723,6 +739,12 @@ StepMetrics Trainer::train_step() {
     sync_phase("backward");
     (loss * scale).backward();
     m.backward_ms += ms_since(t1);
+    if (!last && dp_->zero_stage() >= 2) {
+      const auto tc = std::chrono::steady_clock::now();
+      sync_phase("gradient sync");
+      dp_->finish_gradient_sync();
+      m.comm_ms += ms_since(tc);
+    }
     sync_phase("loss");
     local_loss_sum += loss.detach().to(torch::kFloat64);
   }
@@ -735,7 +757,7 @@ StepMetrics Trainer::train_step() {
   auto t2 = std::chrono::steady_clock::now();
   sync_phase("gradient sync");
   dp_->finish_gradient_sync();
-  m.comm_ms = ms_since(t2);
+  m.comm_ms += ms_since(t2);
   sync_phase("gradient norm");
   m.grad_norm = dp_->clip_grad_norm(r.optim.grad_clip);
   sync_phase("loss and stop vote");
@@ -900,11 +922,12 @@ std::string Trainer::save_checkpoint() {
   state_.elapsed_s = elapsed_at_start_s_ + seconds_running();
   auto t0 = std::chrono::steady_clock::now();
   const std::vector<OptimizerPiece> pieces =
-      dp_->zero_stage() == 1 ? optimizer_pieces() : std::vector<OptimizerPiece>{};
+      dp_->zero_stage() >= 1 ? optimizer_pieces() : std::vector<OptimizerPiece>{};
   std::string out = mllm::save_checkpoint(*comm_, checkpoints_dir(), state_, *model_,
                                           *optimizer_, to_yaml(recipe_), tokenizer_path_,
                                           recipe_.checkpoint.keep_last,
-                                          dp_->zero_stage() == 1 ? &pieces : nullptr);
+                                          dp_->zero_stage() >= 1 ? &pieces : nullptr,
+                                          dp_->zero_stage());
   last_saved_step_ = state_.step;
   spdlog::info("saved checkpoint {} ({:.0f} ms)", out, ms_since(t0));
   return out;
@@ -964,7 +987,7 @@ void Trainer::check_replicas() {
   }
   // Stage 1: each rank holds the state of its own slices only; the weights are still compared.
   static const std::vector<torch::optim::OptimizerParamGroup> kNoGroups;
-  const auto& groups = dp_->zero_stage() == 1 ? kNoGroups : optimizer_->param_groups();
+  const auto& groups = dp_->zero_stage() >= 1 ? kNoGroups : optimizer_->param_groups();
   for (const auto& group : groups)
     for (const auto& p : group.params()) {
       auto it = optimizer_->state().find(p.unsafeGetTensorImpl());
@@ -1010,7 +1033,7 @@ void Trainer::check_replicas() {
 
 std::vector<OptimizerPiece> Trainer::optimizer_pieces() const {
   std::vector<OptimizerPiece> pieces;
-  if (dp_->zero_stage() == 1) {
+  if (dp_->zero_stage() >= 1) {
     for (const auto& seg : dp_->shard_segments())
       pieces.push_back({seg.name, seg.begin, seg.end, seg.param_numel, seg.param});
   } else {

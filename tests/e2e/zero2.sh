@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# dist.zero_stage=2 (sharded gradients and AdamW state) trains as stage 0 does: 20 steps at np 2
+# (two micro-steps per rank: the shards accumulate) and np 4, minillm and a tied grouped-query
+# llama, give the stage-0 losses and gradient norms within 1e-6 relative, parameters identical
+# on every rank after every step (dist.check_every_steps=1). Gradients are held 1/np (the
+# start-up memory line). Resume at stage 2 and the same world size is bitwise; a chain over
+# stages 2 -> 0 -> 1 -> 2 and world sizes 4 -> 2 -> 3 follows the stage-0 chain within 1e-6.
+# Activation checkpointing (model.activation_checkpointing) gives bitwise the losses of the
+# plain run, dropout on, at stage 0 and combined with stage 2.
+source "$(dirname "$0")/common.sh"
+CHECK=(dist.check_every_steps=1)
+LLAMA=(model.type=llama model.n_heads=4 model.n_kv_heads=2 model.tie_embeddings=true model.multiple_of=16)
+
+# close A B: the losses and gradient norms of two runs agree within 1e-6 relative, steps 1-20.
+close() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "$1 and $2 differ"
+import json, sys
+def rows(p):
+    return {o["step"]: o for o in map(json.loads, open(p)) if "loss" in o}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert sorted(a) == sorted(b) == list(range(1, 21)), f"steps {sorted(a)} vs {sorted(b)}"
+for s in a:
+    for k in ("loss", "grad_norm"):
+        rel = abs(a[s][k] - b[s][k]) / abs(a[s][k])
+        assert rel < 1e-6, f"step {s} {k}: {a[s][k]} vs {b[s][k]} (rel {rel:.2e})"
+PY
+}
+same() {
+  diff <(field "$1/metrics.jsonl" loss) <(field "$2/metrics.jsonl" loss) > /dev/null ||
+    fail "$1 and $2: losses not bitwise equal"
+  diff <(field "$1/metrics.jsonl" grad_norm) <(field "$2/metrics.jsonl" grad_norm) > /dev/null ||
+    fail "$1 and $2: gradient norms not bitwise equal"
+}
+run() {  # run NP OUT overrides...: train, and show the log's tail on failure
+  local np=$1 out=$2; shift 2
+  train "$np" "$out" "$@" > "$out.log" 2>&1 || { tail -n 20 "$out.log" >&2; fail "$out"; }
+}
+
+for np in 2 4; do
+  for family in minillm llama; do
+    extra=(); [ "$family" = llama ] && extra=("${LLAMA[@]}")
+    run "$np" "$WORK/s0_${family}_np$np" "${extra[@]}" "${CHECK[@]}"
+    run "$np" "$WORK/s2_${family}_np$np" "${extra[@]}" "${CHECK[@]}" dist.zero_stage=2
+    close "$WORK/s0_${family}_np$np" "$WORK/s2_${family}_np$np"
+  done
+  # Gradients: 1/np of stage 0's bytes (the start-up line; stage 0 keeps them whole).
+  python3 - "$WORK/s0_minillm_np$np.log" "$WORK/s2_minillm_np$np.log" "$np" <<'PY' || fail "gradients not sharded at np $np"
+import re, sys
+def grads(p):
+    return float(re.search(r"gradients ([0-9.]+) MiB", open(p).read()).group(1))
+full, mine, np_ = grads(sys.argv[1]), grads(sys.argv[2]), int(sys.argv[3])
+assert abs(mine - full / np_) < 0.02, f"stage 2 keeps {mine} MiB of {full} at np {np_}"
+PY
+  python3 - "$WORK/s2_minillm_np$np/checkpoints/step_000020/manifest.json" "$np" <<'PY' || fail "manifest at np $np"
+import json, sys
+sh = json.load(open(sys.argv[1]))["optimizer_shards"]
+assert sh["zero_stage"] == 2 and sh["world_size"] == int(sys.argv[2]), sh
+PY
+done
+
+# Same world size, stage 2: stop at 10, resume -> bitwise the straight run.
+run 2 "$WORK/split" dist.zero_stage=2 train.stop_at_step=10
+run 2 "$WORK/split" dist.zero_stage=2
+grep -q "resumed from" "$WORK/split.log" || fail "stage 2 did not resume"
+same "$WORK/s2_minillm_np2" "$WORK/split"
+cmp "$WORK/s2_minillm_np2/checkpoints/step_000020/model.safetensors" \
+    "$WORK/split/checkpoints/step_000020/model.safetensors" || fail "stage 2 resume: weights differ"
+
+# Across stages and world sizes (dropout 0: dropout streams are per rank; 24 sequences per
+# step divide among 4, 2 and 3 ranks).
+D=(model.dropout=0.0 train.global_batch=24)
+chain() {  # chain OUT STAGE_A STAGE_B STAGE_C: np 4 to step 7, np 2 to 14, np 3 to 20
+  run 4 "$1" "${D[@]}" dist.zero_stage="$2" train.stop_at_step=7
+  run 2 "$1" "${D[@]}" dist.zero_stage="$3" train.stop_at_step=14
+  run 3 "$1" "${D[@]}" dist.zero_stage="$4" "${CHECK[@]}"
+}
+chain "$WORK/ref" 0 0 0
+chain "$WORK/mixed" 2 0 1
+chain "$WORK/mixed2" 1 2 2
+close "$WORK/ref" "$WORK/mixed"
+close "$WORK/ref" "$WORK/mixed2"
+
+# Activation checkpointing: the same numbers bitwise (dropout 0.1: the masks are regenerated).
+AC=(model.n_layers=3 model.activation_checkpointing=full)
+run 2 "$WORK/ac_ref" model.n_layers=3
+run 2 "$WORK/ac_full" "${AC[@]}"
+grep -q "activation checkpointing (full): 3 of 3 blocks" "$WORK/ac_full.log" || fail "no checkpointing line"
+same "$WORK/ac_ref" "$WORK/ac_full"
+run 2 "$WORK/ac_every" model.n_layers=3 model.activation_checkpointing=every_n model.checkpoint_every=2
+grep -q "activation checkpointing (every_n): 2 of 3 blocks" "$WORK/ac_every.log" || fail "every_n line"
+same "$WORK/ac_ref" "$WORK/ac_every"
+run 2 "$WORK/ac_s2_ref" model.n_layers=3 model.type=llama model.multiple_of=16 dist.zero_stage=2
+run 2 "$WORK/ac_s2" "${AC[@]}" model.type=llama model.multiple_of=16 dist.zero_stage=2
+same "$WORK/ac_s2_ref" "$WORK/ac_s2"
+# And a resume may switch it on (it changes no number).
+run 2 "$WORK/ac_resume" model.n_layers=3 train.stop_at_step=10
+run 2 "$WORK/ac_resume" "${AC[@]}"
+same "$WORK/ac_ref" "$WORK/ac_resume"
+
+# Refused: a stage above 2 is a recipe error (exit 2).
+set +e; train 1 "$WORK/bad" dist.zero_stage=3 > "$WORK/bad.log" 2>&1; code=$?; set -e
+[ "$code" -eq 2 ] && grep -q "zero_stage" "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; fail "dist.zero_stage=3: exit $code"; }
+echo PASS
