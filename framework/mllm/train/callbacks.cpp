@@ -12,6 +12,7 @@
 #include "mllm/core/logging.h"
 #include "mllm/data/atomic_file.h"
 #include "mllm/train/callback.h"
+#include "mllm/train/memory.h"
 #include "mllm/train/trainer.h"
 
 namespace mllm {
@@ -69,7 +70,10 @@ class MetricsCallback : public Callback {
  public:
   explicit MetricsCallback(const Recipe& r) : every_(r.log.every_steps) {}
   CallbackPhase phase() const override { return CallbackPhase::kBeforeSave; }
-  void on_train_begin(Trainer& t) override { recent_.assign(1, {t.seconds_running(), t.step()}); }
+  void on_train_begin(Trainer& t) override {
+    recent_.assign(1, {t.seconds_running(), t.step()});
+    reset_peak_memory(t.device());
+  }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     recent_.emplace_back(t.seconds_running(), m.step);
     if (recent_.size() > kEtaWindow + 1) recent_.pop_front();
@@ -84,12 +88,21 @@ class MetricsCallback : public Callback {
     const int64_t max_steps = t.recipe().train.max_steps;
     const auto& [t0, s0] = recent_.front();
     const double per_step = m.step > s0 ? (recent_.back().first - t0) / double(m.step - s0) : -1;
+    // Rank 0's peaks since the last line (the ranks of one run differ little).
+    const PeakMemory mem = peak_memory(t.device());
+    reset_peak_memory(t.device());
+    auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+    const std::string mem_text =
+        mem.device_allocated_bytes >= 0
+            ? fmt::format("mem {:.0f} MiB alloc {:.0f} reserved", mib(mem.device_allocated_bytes),
+                          mib(mem.device_reserved_bytes))
+            : fmt::format("mem {:.0f} MiB RSS", mib(mem.rss_bytes));
     spdlog::info("step {:>6}/{} ({:.0f}%) | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | "
                  "{:.0f} tok/s | mfu {:.1f}% | fwd {:.0f} bwd {:.0f} comm {:.0f} opt {:.0f} ms | "
-                 "elapsed {} | eta {}",
+                 "{} | elapsed {} | eta {}",
                  m.step, max_steps, 100.0 * double(m.step) / double(max_steps), m.loss, m.lr,
                  m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.forward_ms, m.backward_ms, m.comm_ms,
-                 m.optimizer_ms, format_duration(t.seconds_running()),
+                 m.optimizer_ms, mem_text, format_duration(t.seconds_running()),
                  format_duration(per_step < 0 ? -1 : per_step * double(max_steps - m.step)));
     json j = {{"step", m.step},           {"tokens", m.tokens},
               {"loss", m.loss},           {"lr", m.lr},
@@ -97,6 +110,11 @@ class MetricsCallback : public Callback {
               {"mfu", m.mfu},             {"forward_ms", m.forward_ms},
               {"backward_ms", m.backward_ms}, {"comm_ms", m.comm_ms},
               {"optimizer_ms", m.optimizer_ms}, {"step_ms", m.step_ms}};
+    if (mem.rss_bytes >= 0) j["peak_rss_bytes"] = mem.rss_bytes;
+    if (mem.device_allocated_bytes >= 0) {
+      j["peak_device_allocated_bytes"] = mem.device_allocated_bytes;
+      j["peak_device_reserved_bytes"] = mem.device_reserved_bytes;
+    }
     if (!m.source_tokens.empty()) {
       json per = json::object();
       for (const auto& [name, tokens] : m.source_tokens) per[name] = tokens;
