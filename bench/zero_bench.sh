@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# ZeRO stage 1 (dist.zero_stage) on this machine, for the issue-16 figures (a benchmark, not a test):
+# ZeRO stages 1 and 2 (dist.zero_stage) and activation checkpointing on this machine (a
+# benchmark, not a test; figures in bench/README.md):
 #   1. per-rank memory at start-up (the trainer's "memory per rank" line) for the small shape
 #      (d_model 512, 8 heads, 8 layers, d_ff 2048, seq 256, vocab 8192) at np 1, 2, 4, 8,
-#      stage 0 and 1: AdamW state should be about 1/np at stage 1;
-#   2. tokens/s of recipes/mini.yaml (the main job's shape) at stage 0 and 1, np 2 and 8,
-#      interleaved A B A B, median of the steps after the first 5 of each run.
+#      stages 0, 1, 2: AdamW state about 1/np at stages 1 and 2, gradients 1/np at stage 2;
+#   2. tokens/s at stages 0, 1, 2, np 2, 1 thread per rank: recipes/mini.yaml (the main job's
+#      shape, median of steps 6-30) and the small shape (steps 3-12, accumulation 2),
+#      interleaved stage by stage, round by round;
+#   3. activation checkpointing, small shape at seq_len 1024 (micro-batch 2, one rank, 2
+#      threads): peak RSS (metrics.jsonl peak_rss_bytes, the highest interval) and tokens/s,
+#      none vs full, interleaved.
 #   bench/zero_bench.sh [BUILD_DIR] [ROUNDS]      (defaults: build, 3)
-# ZERO_BENCH_SKIP_MEMORY=1 skips part 1.
+# ZERO_BENCH_PARTS="1 2 3" chooses the parts.
 # Needs data/full/tang.jsonl (launch/fetch-corpus.sh). Runs as root need the OMPI_ALLOW_* variables.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,14 +25,15 @@ launch() { local np=$1; shift; if [ "$np" -eq 1 ]; then "$@"; else mpirun -np "$
 COMMON=("data.corpus=[$CORPUS]" "data.cache_dir=$WORK/cache" eval.every_steps=0 "callbacks=[metrics]"
         checkpoint.resume=none checkpoint.every_steps=100000 log.every_steps=1 train.threads=1)
 
-if [ "${ZERO_BENCH_SKIP_MEMORY:-0}" != 1 ]; then
+PARTS="${ZERO_BENCH_PARTS:-1 2 3}"
+SMALL=(data.tokenizer.max_vocab=8192 model.d_model=512 model.n_heads=8 model.n_layers=8 model.d_ff=2048)
+if [[ " $PARTS " == *" 1 "* ]]; then
   echo "1. memory per rank, small shape (AdamW moments: 2 x 4 bytes per element kept)"
   for np in 1 2 4 8; do
-    for st in 0 1; do
+    for st in 0 1 2; do
       out="$WORK/mem$np$st"
       launch "$np" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
-        data.tokenizer.max_vocab=8192 data.seq_len=256 model.d_model=512 model.n_heads=8 model.n_layers=8 \
-        model.d_ff=2048 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
+        "${SMALL[@]}" data.seq_len=256 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
         > "$WORK/mem.log" 2>&1 || { tail -5 "$WORK/mem.log" >&2; exit 1; }
       line=$(grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log")
       echo "  np $np: $line"
@@ -35,25 +41,55 @@ if [ "${ZERO_BENCH_SKIP_MEMORY:-0}" != 1 ]; then
   done
 
 fi
-echo "2. tokens/s, recipes/mini.yaml, median of steps 6-30, $ROUNDS rounds interleaved"
-tps() {  # np stage -> median tokens/s
-  local out="$WORK/tps"; rm -rf "$out"
-  launch "$1" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
-    train.max_steps=30 dist.zero_stage="$2" > "$WORK/tps.log" 2>&1 || { tail -5 "$WORK/tps.log" >&2; exit 1; }
-  python3 - "$out/metrics.jsonl" <<'PY'
+median() {  # metrics.jsonl FIRST_INDEX KEY -> median (KEY: tokens_per_s) or max of KEY
+  python3 - "$@" <<'PY'
 import json, statistics, sys
-v = [json.loads(l)["tokens_per_s"] for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
-print(f"{statistics.median(v[5:]):.0f}")
+path, first, key = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+v = [json.loads(l)[key] for l in open(path) if f'"{key}"' in l]
+print(f"{statistics.median(v[first:]) if key == 'tokens_per_s' else max(v):.0f}")
 PY
 }
-for np in 2 8; do
-  a=() b=()
-  tps "$np" 0 > /dev/null  # prepares the data outside the timing
-  for _ in $(seq 1 "$ROUNDS"); do a+=("$(tps "$np" 0)"); b+=("$(tps "$np" 1)"); done
-  python3 - "$np" "${a[*]}" "${b[*]}" <<'PY'
+summary() {  # label "a-values" "b-values" [more...]: medians per stage and the ratios to the first
+  python3 - "$@" <<'PY'
 import statistics, sys
-a = [float(x) for x in sys.argv[2].split()]; b = [float(x) for x in sys.argv[3].split()]
-ma, mb = statistics.median(a), statistics.median(b)
-print(f"  np {sys.argv[1]}: stage 0 {ma:.0f} tok/s {a}, stage 1 {mb:.0f} tok/s {b}: stage 1 / stage 0 = {mb / ma:.3f}")
+label, groups = sys.argv[1], [[float(x) for x in g.split()] for g in sys.argv[2:]]
+med = [statistics.median(g) for g in groups]
+print(f"  {label}: " + ", ".join(f"{m:.0f} {g}" for m, g in zip(med, groups)) +
+      " | ratios to the first: " + ", ".join(f"{m / med[0]:.3f}" for m in med[1:]))
 PY
-done
+}
+if [[ " $PARTS " == *" 2 "* ]]; then
+  echo "2. tokens/s at stages 0 / 1 / 2, np 2, 1 thread per rank, $ROUNDS rounds interleaved"
+  tps() {  # shape stage -> median tokens/s
+    local out="$WORK/tps"; rm -rf "$out"
+    local shape=(train.max_steps=30) first=5
+    [ "$1" = small ] && shape=("${SMALL[@]}" data.seq_len=256 train.micro_batch=8 train.global_batch=32 train.max_steps=12) first=2
+    launch 2 "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
+      "${shape[@]}" dist.zero_stage="$2" > "$WORK/tps.log" 2>&1 || { tail -5 "$WORK/tps.log" >&2; exit 1; }
+    median "$out/metrics.jsonl" "$first" tokens_per_s
+  }
+  for shape in mini small; do
+    s0=() s1=() s2=()
+    tps "$shape" 0 > /dev/null  # prepares the data outside the timing
+    for _ in $(seq 1 "$ROUNDS"); do s0+=("$(tps "$shape" 0)"); s1+=("$(tps "$shape" 1)"); s2+=("$(tps "$shape" 2)"); done
+    summary "$shape, stage 0 / 1 / 2 tok/s" "${s0[*]}" "${s1[*]}" "${s2[*]}"
+  done
+fi
+if [[ " $PARTS " == *" 3 "* ]]; then
+  echo "3. activation checkpointing, small shape, seq_len 1024, micro-batch 2, 1 rank x 2 threads"
+  ac() {  # mode -> "peak_rss_MiB tokens_per_s"
+    local out="$WORK/ac"; rm -rf "$out"
+    "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" "${SMALL[@]}" \
+      data.seq_len=1024 train.micro_batch=2 train.global_batch=2 train.max_steps=8 train.threads=2 \
+      model.activation_checkpointing="$1" > "$WORK/ac.log" 2>&1 || { tail -5 "$WORK/ac.log" >&2; exit 1; }
+    echo "$(( $(median "$out/metrics.jsonl" 0 peak_rss_bytes) >> 20 )) $(median "$out/metrics.jsonl" 2 tokens_per_s)"
+  }
+  ac none > /dev/null
+  mem_n=() mem_f=() tps_n=() tps_f=()
+  for _ in $(seq 1 "$ROUNDS"); do
+    read -r m t < <(ac none); mem_n+=("$m"); tps_n+=("$t")
+    read -r m t < <(ac full); mem_f+=("$m"); tps_f+=("$t")
+  done
+  summary "peak RSS MiB, none / full" "${mem_n[*]}" "${mem_f[*]}"
+  summary "tok/s, none / full" "${tps_n[*]}" "${tps_f[*]}"
+fi

@@ -29,3 +29,19 @@ for line in open(sys.argv[1]):
         print(o["step"], repr(o[sys.argv[2]]))
 PY
 }
+
+# close A B: the losses and gradient norms of two runs (folders) agree within 1e-6 relative at
+# steps 1-20 (zero1.sh, zero2.sh).
+close() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "$1 and $2 differ"
+import json, sys
+def rows(p):
+    return {o["step"]: o for o in map(json.loads, open(p)) if "loss" in o}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert sorted(a) == sorted(b) == list(range(1, 21)), f"steps {sorted(a)} vs {sorted(b)}"
+for s in a:
+    for k in ("loss", "grad_norm"):
+        rel = abs(a[s][k] - b[s][k]) / abs(a[s][k])
+        assert rel < 1e-6, f"step {s} {k}: {a[s][k]} vs {b[s][k]} (rel {rel:.2e})"
+PY
+}

@@ -9,21 +9,6 @@
 source "$(dirname "$0")/common.sh"
 CHECK=(dist.check_every_steps=1)
 
-# close A B STEPS...: the losses and gradient norms of two runs agree within 1e-6 relative.
-close() {
-  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "$1 and $2 differ"
-import json, sys
-def rows(p):
-    return {o["step"]: o for o in map(json.loads, open(p)) if "loss" in o}
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-assert sorted(a) == sorted(b) == list(range(1, 21)), f"steps {sorted(a)} vs {sorted(b)}"
-for s in a:
-    for k in ("loss", "grad_norm"):
-        rel = abs(a[s][k] - b[s][k]) / abs(a[s][k])
-        assert rel < 1e-6, f"step {s} {k}: {a[s][k]} vs {b[s][k]} (rel {rel:.2e})"
-PY
-}
-
 for np in 2 4; do
   train "$np" "$WORK/s0_np$np" dist.zero_stage=0 "${CHECK[@]}" > "$WORK/s0_np$np.log" 2>&1 || fail "stage 0, np $np"
   train "$np" "$WORK/s1_np$np" dist.zero_stage=1 "${CHECK[@]}" > "$WORK/s1_np$np.log" 2>&1 ||
