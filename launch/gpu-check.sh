@@ -24,7 +24,8 @@
 #   np2_vs_np1   an fp32 llama (d 512, 8 layers, seq 512; eager, TF32 off) for 8 steps on 1 rank
 #                (nccl) and on 2 ranks sharing the GPU (mpi, staged through pinned host memory),
 #                the same global batch: every loss within 1e-5; and 1 rank at ZeRO stage 1
-#                (DataParallel's buckets through NCCL) against 1 rank at stage 0, within 1e-5
+#                (DataParallel's buckets through NCCL), and at stage 2 with activation
+#                checkpointing, against 1 rank at stage 0, within 1e-5
 #   llama_np1    GPT-2-small-like llama (d 768, 12 layers, 12 heads, seq 1024, tied, bf16, sdpa)
 #                for 60 steps on 1 rank: tokens/s, MFU against the measured bf16 GEMM peak
 #   reference    the same shape in PyTorch eager (sdpa, fused AdamW): tokens/s, memory
@@ -239,17 +240,22 @@ if want np2_vs_np1; then
         model.attn_impl=eager train.tf32=false)
   # np1_zero1: the same 1-rank run at ZeRO stage 1, whose buckets (hooks, device-side flags,
   # reduce-scatter, all-gather) go through NCCL even at world size 1, where stage 0 needs none.
+  # np1_zero2_ac: stage 2 (buckets freed after their reduce-scatter, gradient shards) with
+  # every block checkpointed (the CUDA generator rewound for the recomputation's dropout).
   if train np1 1 "${same[@]}" && train np2 2 "${same[@]}" dist.backend=mpi &&
-     train np1_zero1 1 "${same[@]}" dist.zero_stage=1; then
+     train np1_zero1 1 "${same[@]}" dist.zero_stage=1 &&
+     train np1_zero2_ac 1 "${same[@]}" dist.zero_stage=2 model.activation_checkpointing=full; then
     b1=$(backend np1 "$NP1"); r1=$?
     b2=$(backend np2 "$NP2"); r2=$?
     bz=$(backend np1_zero1 "$NP1"); rz=$?
     cmp=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np2" 1e-5 --steps 8); crc=$?
     cz=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero1" 1e-5 --steps 8); czrc=$?
-    if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $rz -eq 0 ] && [ $crc -eq 0 ] && [ $czrc -eq 0 ]; then
+    c2=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero2_ac" 1e-5 --steps 8); c2rc=$?
+    if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $rz -eq 0 ] && [ $crc -eq 0 ] && [ $czrc -eq 0 ] &&
+       [ $c2rc -eq 0 ]; then
       st=pass; else st=fail; fi
     record np2_vs_np1 $st "_=$cmp" "backend_np1=$b1" "backend_np2=$b2" "zero1_vs_np1=$cz" \
-      "backend_zero1=$bz" "seconds=$((SECONDS - t0))"
+      "backend_zero1=$bz" "zero2_ac_vs_np1=$c2" "seconds=$((SECONDS - t0))"
   else
     record np2_vs_np1 fail "log=\"$OUT/np1.log / np2.log\""
   fi

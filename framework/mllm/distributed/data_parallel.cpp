@@ -396,6 +396,18 @@ void DataParallel::reset_step_locked() {
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.launched = false;
+    if (!b.folded) {  // stage 2, unwinding from an error: this step's sums are void
+      for (auto* w : {&b.work, &b.flags_work}) {
+        if (!*w) continue;
+        try {
+          (*w)->wait();  // the backend must be done with the buffer before it goes
+        } catch (...) {  // the error being unwound is the one to report
+        }
+      }
+      b.buffer = torch::Tensor();
+      b.grad_shard = torch::Tensor();
+      b.folded = true;
+    }
     b.work.reset();
     b.flags_work.reset();
   }
@@ -403,19 +415,24 @@ void DataParallel::reset_step_locked() {
   in_flight_ = false;
 }
 
+void DataParallel::mark_used_locked(const Bucket& b) {
+  if (b.all_local) {
+    // Every flag was 1 here, so every average is > 0: no read-back (a host sync on a GPU).
+    for (size_t i : b.params) params_[i].used = true;
+    return;
+  }
+  const int64_t n_params = static_cast<int64_t>(b.params.size());
+  torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
+  const double* f = flags.data_ptr<double>();
+  for (int64_t k = 0; k < n_params; ++k)
+    if (f[k] > 0) params_[b.params[k]].used = true;
+}
+
 void DataParallel::fold_bucket_locked(Bucket& b) {
   torch::NoGradGuard no_grad;
   b.flags_work->wait();
   b.work->wait();
-  if (b.all_local) {
-    for (size_t i : b.params) params_[i].used = true;
-  } else {
-    const int64_t n_params = static_cast<int64_t>(b.params.size());
-    torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
-    const double* f = flags.data_ptr<double>();
-    for (int64_t k = 0; k < n_params; ++k)
-      if (f[k] > 0) params_[b.params[k]].used = true;
-  }
+  mark_used_locked(b);
   if (b.shard.numel() > 0) {
     if (!b.grad_acc.defined()) b.grad_acc = torch::empty({b.shard.numel()}, b.grad_shard.options());
     if (b.acc_valid) b.grad_acc.add_(b.grad_shard);
@@ -461,56 +478,30 @@ void DataParallel::finish_gradient_sync() {
     }
     launch_ready_buckets_locked();
     torch::NoGradGuard no_grad;
-    if (zero_stage_ == 2) {
+    if (zero_stage_ >= 1) {
       adopt_params();  // Module::load (a resume) may have replaced the storage
       for (auto& b : buckets_) {
-        if (!b.folded) fold_bucket_locked(b);
+        if (zero_stage_ == 2) {
+          if (!b.folded) fold_bucket_locked(b);  // `used` gathers since zero_grad()
+        } else {
+          b.flags_work->wait();
+          b.work->wait();
+          for (size_t i : b.params) params_[i].used = false;  // this step's flags alone
+          mark_used_locked(b);
+        }
+        const torch::Tensor& shard = shard_grad(b);
         for (size_t si : b.segments) {
           ShardSegment& seg = segments_[si];
           const Param& p = params_[segment_param_[si]];
           torch::Tensor& g = seg.param.mutable_grad();
           if (!p.used) {
-            g = torch::Tensor();  // no rank had a gradient for it since zero_grad()
+            g = torch::Tensor();  // no rank had a gradient for it
             continue;
           }
           const int64_t at = p.offset + seg.begin - b.shard.begin;
-          const void* want = static_cast<char*>(b.grad_acc.data_ptr()) +
-                             at * static_cast<int64_t>(b.grad_acc.element_size());
-          if (!g.defined() || g.data_ptr() != want)
-            g = bucket_alias(b.grad_acc, at, {seg.end - seg.begin});
-        }
-      }
-      reset_step_locked();
-      return;
-    }
-    if (zero_stage_ == 1) {
-      adopt_params();  // Module::load (a resume) may have replaced the storage
-      for (auto& b : buckets_) {
-        b.flags_work->wait();
-        b.work->wait();
-        const int64_t n_params = static_cast<int64_t>(b.params.size());
-        std::vector<bool> used(params_.size(), false);
-        if (b.all_local) {
-          // Every flag was 1 here, so every average is > 0: no read-back (a host sync on a GPU).
-          for (size_t i : b.params) used[i] = true;
-        } else {
-          torch::Tensor flags = b.buffer.narrow(0, b.numel, n_params).to(torch::kCPU, torch::kDouble);
-          const double* f = flags.data_ptr<double>();
-          for (int64_t k = 0; k < n_params; ++k) used[b.params[k]] = f[k] > 0;
-        }
-        for (size_t si : b.segments) {
-          ShardSegment& seg = segments_[si];
-          const Param& p = params_[segment_param_[si]];
-          if (!used[segment_param_[si]]) {
-            seg.param.mutable_grad() = torch::Tensor();  // no rank had a gradient for it
-            continue;
-          }
-          const int64_t at = p.offset + seg.begin - b.shard.begin;
-          torch::Tensor& g = seg.param.mutable_grad();
-          const void* want = static_cast<char*>(b.grad_shard.data_ptr()) +
-                             at * static_cast<int64_t>(b.grad_shard.element_size());
-          if (!g.defined() || g.data_ptr() != want)
-            g = bucket_alias(b.grad_shard, at, {seg.end - seg.begin});
+          const void* want = static_cast<char*>(shard.data_ptr()) +
+                             at * static_cast<int64_t>(shard.element_size());
+          if (!g.defined() || g.data_ptr() != want) g = bucket_alias(shard, at, {seg.end - seg.begin});
         }
       }
       reset_step_locked();

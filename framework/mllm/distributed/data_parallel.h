@@ -164,7 +164,8 @@ class DataParallel {
     size_t bucket = 0;
     int64_t offset = 0;     // element offset in the bucket buffer
     bool ready = false;     // its hook fired (or was stood in for) in the current synced step
-    bool used = false;      // stage 2: some rank had a gradient for it since zero_grad()
+    bool used = false;      // some rank had a gradient for it (stage 1: this step; stage 2:
+                            // since zero_grad())
   };
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
@@ -192,6 +193,9 @@ class DataParallel {
   void launch_ready_buckets_locked();              // in bucket order, as the prefix completes
   void launch_bucket_locked(Bucket& b);
   void reset_step_locked();
+  // Stages 1-2: sets `used` for the parameters of b that some rank had a gradient for (the
+  // averaged flags; read back only when this rank lacked one). Call after b's flags arrived.
+  void mark_used_locked(const Bucket& b);
   // Stage 2: waits for bucket b's reduce-scatter, adds its slice into grad_acc, frees the buffer.
   void fold_bucket_locked(Bucket& b);
   // The averaged gradient of this rank's slice of bucket b (stage 1: in the bucket; stage 2:
