@@ -83,7 +83,7 @@ run 2 "$WORK/ac_resume" model.n_layers=3 train.stop_at_step=10
 run 2 "$WORK/ac_resume" "${AC[@]}"
 same "$WORK/ac_ref" "$WORK/ac_resume"
 
-# Refused: a stage above 2 is a recipe error (exit 2).
-set +e; train 1 "$WORK/bad" dist.zero_stage=3 > "$WORK/bad.log" 2>&1; code=$?; set -e
-[ "$code" -eq 2 ] && grep -q "zero_stage" "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; fail "dist.zero_stage=3: exit $code"; }
+# Refused: a stage above 3 is a recipe error (exit 2).
+set +e; train 1 "$WORK/bad" dist.zero_stage=4 > "$WORK/bad.log" 2>&1; code=$?; set -e
+[ "$code" -eq 2 ] && grep -q "zero_stage" "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; fail "dist.zero_stage=4: exit $code"; }
 echo PASS

@@ -113,7 +113,7 @@ struct DistConfig {
   double bucket_mb = 25.0;       // gradient bucket cap, MiB
   double timeout_s = 300.0;      // collective timeout before the job is aborted
   int64_t check_every_steps = 1000;  // replica check (hash of weights + optimizer state); 0 = off
-  int64_t zero_stage = 0;        // 0: replicated AdamW state; 1: sharded over ranks (ZeRO stage 1); 2: gradients too
+  int64_t zero_stage = 0;        // 0: replicated AdamW state; 1: sharded over ranks (ZeRO stage 1); 2: gradients too; 3: parameters too
 };
 
 struct CheckpointConfig {

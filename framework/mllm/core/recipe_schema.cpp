@@ -520,7 +520,9 @@ KeySpec recipe_schema(Recipe& r) {
           key("zero_stage", r.dist.zero_stage, "0: every rank holds all AdamW state; 1: each rank "
               "holds the state of its 1/N slice of every bucket (ZeRO stage 1: reduce-scatter, "
               "sharded update, all-gather); 2: the gradients too (ZeRO stage 2: reduce-scattered "
-              "every micro-step, full-size only for the buckets in flight)", in_range(0, 2)),
+              "every micro-step, full-size only for the buckets in flight); 3: the parameters too (ZeRO "
+              "stage 3 / FSDP: each block's weights gathered before its forward and backward, "
+              "freed after; adamw only)", in_range(0, 3)),
       }),
       section("checkpoint", "checkpoints and resume", {
           key("every_steps", r.checkpoint.every_steps, "save every N steps (0 = only at the end)", at_least(0)),

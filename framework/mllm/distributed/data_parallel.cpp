@@ -3,7 +3,11 @@
 #include "mllm/distributed/data_parallel.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <map>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -111,12 +115,16 @@ torch::Tensor bucket_alias(const torch::Tensor& buffer, int64_t offset, at::IntA
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
-                           std::shared_ptr<Communicator> comm, int64_t bucket_bytes, int zero_stage)
+                           std::shared_ptr<Communicator> comm, int64_t bucket_bytes, int zero_stage,
+                           std::function<int64_t(const std::string&)> unit_of)
     : model_(std::move(model)), comm_(std::move(comm)), bucket_bytes_(bucket_bytes),
       zero_stage_(zero_stage) {
-  if (zero_stage_ < 0 || zero_stage_ > 2)
-    throw Error(fmt::format("DataParallel: zero_stage must be 0, 1 or 2, got {} (dist.zero_stage)",
-                            zero_stage_));
+  if (zero_stage_ < 0 || zero_stage_ > 3)
+    throw Error(fmt::format("DataParallel: zero_stage must be 0, 1, 2 or 3, got {} "
+                            "(dist.zero_stage)", zero_stage_));
+  if (zero_stage_ == 3 && !unit_of)
+    throw Error("DataParallel: zero_stage 3 needs to know which block each parameter belongs to "
+                "(unit_of)");
   if (!model_) throw Error("DataParallel: model is null");
   if (!comm_) throw Error("DataParallel: communicator is null");
   if (bucket_bytes_ <= 0)
@@ -136,7 +144,31 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     specs.push_back({p.numel() * static_cast<int64_t>(p.element_size()), p.scalar_type(), p.device()});
     order.push_back(i);
   }
-  for (const auto& members : plan_buckets(specs, bucket_bytes_)) {
+  std::vector<std::vector<size_t>> plan;
+  std::vector<int64_t> plan_units;
+  if (zero_stage_ == 3) {
+    // One bucket per block, the last block first (backward's order), the replicated rest last
+    // (the token table's gradient is backward's last).
+    std::map<int64_t, std::vector<size_t>> by_unit;
+    for (size_t m = 0; m < order.size(); ++m) {
+      const int64_t u = unit_of(params_[order[m]].name);
+      by_unit[u < 0 ? -1 : u].push_back(m);
+    }
+    for (auto it = by_unit.rbegin(); it != by_unit.rend(); ++it) {
+      const auto& first = specs[it->second.front()];
+      for (size_t m : it->second)
+        if (specs[m].dtype != first.dtype || specs[m].device != first.device)
+          throw Error(fmt::format("DataParallel: zero_stage 3 gathers each block's parameters "
+                                  "as one flat buffer, but parameter '{}' differs in dtype or "
+                                  "device from the rest of its block", params_[order[m]].name));
+      plan.push_back(it->second);
+      plan_units.push_back(it->first);
+    }
+  } else {
+    plan = plan_buckets(specs, bucket_bytes_);
+  }
+  for (size_t bi = 0; bi < plan.size(); ++bi) {
+    const auto& members = plan[bi];
     Bucket b;
     for (size_t m : members) {
       Param& p = params_[order[m]];
@@ -146,6 +178,17 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
       b.params.push_back(order[m]);
     }
     b.pending = static_cast<int>(b.params.size());
+    if (zero_stage_ == 3) {
+      b.unit = plan_units[bi];
+      b.pinned = false;
+      if (b.unit < 0) {
+        root_bucket_ = buckets_.size();
+      } else {
+        if (static_cast<int64_t>(block_bucket_.size()) <= b.unit)
+          block_bucket_.resize(static_cast<size_t>(b.unit) + 1, SIZE_MAX);
+        block_bucket_[static_cast<size_t>(b.unit)] = buckets_.size();
+      }
+    }
     buckets_.push_back(std::move(b));
   }
   if (zero_stage_ >= 1) {
@@ -170,6 +213,9 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
       }
     }
     adopt_params();
+    // Stage 3: from here on the blocks live as their shards (the module's tensors keep their
+    // shapes but no memory until gathered).
+    for (auto& b : buckets_) release_locked(b);
   }
   // One rank: the averaged gradient is the local one. Why skip the buckets too: on a GPU each
   // bucket would cost a copy of every fresh .grad (the trainer resets them to undefined) and an
@@ -206,6 +252,7 @@ DataParallel::~DataParallel() {
 
 void DataParallel::broadcast_and_verify() {
   wait_params();
+  FullParams full(*this);  // stage 3: rank 0's values reach the shards when the scope ends
   const int world = comm_->world_size();
   const auto lines = describe_model(*model_);
   const std::string mine = fmt::format("{} ({} tensors)", fnv1a_hex(lines), lines.size());
@@ -317,7 +364,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& first = params_[b.params.front()].tensor;
   const int64_t n_params = static_cast<int64_t>(b.params.size());
-  if (zero_stage_ == 2) {
+  if (zero_stage_ >= 2) {
     // At most two full-size buffers at once: the bucket launched two before this one is done
     // (or waited for here, usually long finished) and folded into its shard.
     for (size_t k = 0; k + 2 < next_launch_; ++k)
@@ -340,7 +387,7 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
     if (g.defined()) {
       if (g.is_sparse())
         throw Error("DataParallel: sparse gradient for parameter '" + p.name + "' is not supported");
-      if (zero_stage_ == 2) {
+      if (zero_stage_ >= 2) {
         // Into the bucket, and the full-size .grad is freed (the next backward makes a new one).
         slice.view(g.sizes()).copy_(g);
         p.tensor.mutable_grad() = torch::Tensor();
@@ -357,6 +404,9 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
       slice.zero_();
     }
   }
+  // Stage 3: the block's gradients are in the bucket now, and backward has no more use for its
+  // parameters (every node reading them ran before their gradient accumulators fired).
+  if (zero_stage_ == 3) release_locked(b);
   b.all_local = std::all_of(flags.begin(), flags.end(), [](float f) { return f > 0; });
   // Written on the device without a host round trip. Why: a copy from pageable host memory is
   // a blocking cudaMemcpy that drains the compute stream, from inside the autograd hook, once per
@@ -449,12 +499,12 @@ void DataParallel::fold_bucket_locked(Bucket& b) {
 const torch::Tensor& DataParallel::shard_grad(const Bucket& b) const {
   static const torch::Tensor kNone;
   if (b.shard.numel() == 0) return kNone;
-  if (zero_stage_ == 2) return b.acc_valid ? b.grad_acc : kNone;
+  if (zero_stage_ >= 2) return b.acc_valid ? b.grad_acc : kNone;
   return b.grad_shard;
 }
 
 void DataParallel::zero_grad() {
-  if (zero_stage_ != 2) return;
+  if (zero_stage_ < 2) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (in_flight_)
     throw Error("DataParallel::zero_grad while a gradient sync is in flight; call "
@@ -481,7 +531,7 @@ void DataParallel::finish_gradient_sync() {
     if (zero_stage_ >= 1) {
       adopt_params();  // Module::load (a resume) may have replaced the storage
       for (auto& b : buckets_) {
-        if (zero_stage_ == 2) {
+        if (zero_stage_ >= 2) {
           if (!b.folded) fold_bucket_locked(b);  // `used` gathers since zero_grad()
         } else {
           b.flags_work->wait();
@@ -576,6 +626,10 @@ double DataParallel::clip_grad_norm(double max_norm) {
 void DataParallel::adopt_params() {
   torch::NoGradGuard no_grad;
   for (auto& b : buckets_) {
+    // Stage 3: a block whose storage is freed has nothing in the module to adopt (a load goes
+    // through a FullParams scope, which gathers first).
+    if (!b.gathered) continue;
+    wait_gather_locked(b);
     const torch::Tensor& first = params_[b.params.front()].tensor;
     if (!b.param_flat.defined())
       b.param_flat = torch::empty({b.numel}, first.options().requires_grad(false));
@@ -590,53 +644,191 @@ void DataParallel::adopt_params() {
       b.param_flat.narrow(0, p.offset, p.tensor.numel()).copy_(p.tensor.reshape({-1}));
       p.tensor.set_(b.param_flat.storage(), at, p.tensor.sizes(), p.tensor.strides());
     }
+    // Stage 3 blocks: the segments are slices of the block's own shard (made here once, from
+    // the full values), not of the gathered buffer.
+    if (!b.pinned && !b.shard_param.defined())
+      b.shard_param = b.param_flat.narrow(0, b.shard.begin, b.shard.numel()).clone();
+    const torch::Tensor& base = b.pinned ? b.param_flat : b.shard_param;
+    const int64_t base_offset = b.pinned ? 0 : b.shard.begin;
     for (size_t si : b.segments) {
       ShardSegment& seg = segments_[si];
-      const int64_t at = b.param_flat.storage_offset() + params_[segment_param_[si]].offset + seg.begin;
-      if (seg.param.numel() > 0 && seg.param.storage().is_alias_of(b.param_flat.storage()) &&
+      const int64_t at = base.storage_offset() + params_[segment_param_[si]].offset + seg.begin -
+                         base_offset;
+      if (seg.param.numel() > 0 && seg.param.storage().is_alias_of(base.storage()) &&
           seg.param.storage_offset() == at)
         continue;
       // The same tensor object (the optimizer keys its state by it), re-aimed.
-      seg.param.set_(b.param_flat.storage(), at, {seg.end - seg.begin}, {1});
+      seg.param.set_(base.storage(), at, {seg.end - seg.begin}, {1});
     }
+  }
+}
+
+void DataParallel::gather_locked(Bucket& b) {
+  if (b.gathered) return;
+  // The block's storage comes back (from its allocator: on a GPU the caching allocator, on the
+  // current stream) and the ranks' shards are gathered into it.
+  c10::StorageImpl* impl = b.param_flat.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(b.numel) * b.param_flat.element_size();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+  collectives_issued_ += 1;
+  b.gather_work = comm_->all_gather_async(b.shard_param, b.param_flat);
+  b.gathered = true;
+}
+
+void DataParallel::wait_gather_locked(Bucket& b) {
+  if (!b.gather_work) return;
+  auto w = std::move(b.gather_work);
+  b.gather_work.reset();
+  w->wait();
+}
+
+void DataParallel::release_locked(Bucket& b) {
+  if (zero_stage_ != 3 || b.pinned || !b.gathered || full_params_ > 0) return;
+  wait_gather_locked(b);  // the backend must be done writing into it
+  // Why the storage itself: autograd's saved tensors and the module hold this StorageImpl;
+  // freeing its memory in place (PyTorch FSDP resizes the storage to 0 the same way) and
+  // refilling it at the next gather keeps every one of them valid without touching them.
+  c10::StorageImpl* impl = b.param_flat.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, b.param_flat.device()));
+  impl->set_nbytes(0);
+  b.gathered = false;
+}
+
+DataParallel::Bucket* DataParallel::block_bucket(int64_t block) {
+  if (zero_stage_ != 3) return nullptr;
+  if (block < 0)
+    throw Error(fmt::format("DataParallel: block {} out of range (ZeRO stage 3 hooks)", block));
+  if (block >= static_cast<int64_t>(block_bucket_.size()) ||
+      block_bucket_[static_cast<size_t>(block)] == SIZE_MAX)
+    return nullptr;  // a block without trainable parameters: nothing to gather
+  return &buckets_[block_bucket_[static_cast<size_t>(block)]];
+}
+
+void DataParallel::pre_forward(int64_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Bucket* b = block_bucket(block);
+  if (!b) return;
+  gather_locked(*b);
+  // Prefetch: the next block's gather runs on the network while this block computes.
+  if (Bucket* next = block_bucket(block + 1)) gather_locked(*next);
+  wait_gather_locked(*b);
+}
+
+void DataParallel::post_forward(int64_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Bucket* b = block_bucket(block)) release_locked(*b);
+}
+
+void DataParallel::pre_model_forward() {
+  if (zero_stage_ != 3) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (root_bucket_ != SIZE_MAX) gather_locked(buckets_[root_bucket_]);
+  if (Bucket* first = block_bucket(0)) gather_locked(*first);
+  if (root_bucket_ != SIZE_MAX) wait_gather_locked(buckets_[root_bucket_]);
+}
+
+void DataParallel::release_params() {
+  if (zero_stage_ != 3) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& b : buckets_) release_locked(b);
+}
+
+void DataParallel::pre_backward(int64_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Bucket* b = block_bucket(block);
+  if (!b) return;
+  gather_locked(*b);
+  if (block > 0)
+    if (Bucket* prev = block_bucket(block - 1)) gather_locked(*prev);
+  wait_gather_locked(*b);
+}
+
+void DataParallel::begin_full_params() {
+  if (zero_stage_ != 3) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (full_params_++ > 0) return;
+  for (auto& b : buckets_) gather_locked(b);
+  for (auto& b : buckets_) wait_gather_locked(b);
+}
+
+void DataParallel::end_full_params() {
+  if (zero_stage_ != 3) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--full_params_ > 0) return;
+  // Whatever the full parameters hold now (a loaded checkpoint, rank 0's broadcast values)
+  // becomes this rank's shard; unchanged values copy onto themselves.
+  adopt_params();
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    if (b.pinned) continue;
+    b.shard_param.copy_(b.param_flat.narrow(0, b.shard.begin, b.shard.numel()));
+    release_locked(b);
+  }
+}
+
+DataParallel::FullParams::FullParams(DataParallel& dp) : dp_(dp) { dp_.begin_full_params(); }
+
+DataParallel::FullParams::~FullParams() {
+  try {
+    dp_.end_full_params();
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the failed gather is reported by the next collective.
+    fprintf(stderr, "DataParallel: releasing the full parameters failed: %s\n", e.what());
   }
 }
 
 void DataParallel::all_gather_params() {
   if (zero_stage_ == 0) return;
   wait_params();
+  std::lock_guard<std::mutex> lock(mu_);
   adopt_params();
   for (auto& b : buckets_) {
+    if (zero_stage_ == 3) {
+      // Stage 3: each block is gathered when the next forward reaches it; one that is gathered
+      // now (a FullParams scope is open) fetches the updated shards in place.
+      if (!b.gathered) continue;
+      collectives_issued_ += 1;
+      b.gather_work = comm_->all_gather_async(b.shard_param, b.param_flat);
+      continue;
+    }
     torch::Tensor mine = b.param_flat.narrow(0, b.shard.begin, b.shard.numel());
     collectives_issued_ += 1;
     b.gather_work = comm_->all_gather_async(mine, b.param_flat);
   }
+  // Stage 3: the next forward's first parameters (embeddings and block 0) are on their way
+  // while the caller logs and loads the next batch.
+  if (zero_stage_ == 3 && full_params_ == 0) {
+    if (root_bucket_ != SIZE_MAX) gather_locked(buckets_[root_bucket_]);
+    if (Bucket* first = block_bucket(0)) gather_locked(*first);
+  }
 }
 
 void DataParallel::wait_params() {
-  for (auto& b : buckets_) {
-    if (!b.gather_work) continue;
-    auto w = std::move(b.gather_work);
-    b.gather_work.reset();
-    w->wait();
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& b : buckets_) wait_gather_locked(b);
 }
 
 DataParallel::Footprint DataParallel::footprint() const {
   Footprint f;
   for (const auto& p : params_) {
     const int64_t bytes = p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
-    f.param_bytes += bytes;
+    if (zero_stage_ < 3) f.param_bytes += bytes;  // stage 3: per bucket, below
     // The bucket buffers (at stage 1 the averaged slice is in place); stage 2: below.
     if (zero_stage_ < 2) f.grad_bytes += bytes;
     if (zero_stage_ == 0) f.optimizer_elements += p.tensor.numel();
   }
-  std::vector<int64_t> bucket_bytes;
+  std::vector<int64_t> bucket_bytes, gathered_bytes;
   for (const auto& b : buckets_) {
     if (local_only_) break;  // .grad alone, no buckets
     const int64_t elem = static_cast<int64_t>(params_[b.params.front()].tensor.element_size());
     const int64_t flags = static_cast<int64_t>(b.params.size()) * elem;  // the "used" flags
-    if (zero_stage_ == 2) {
+    if (zero_stage_ == 3) {
+      f.param_bytes += b.shard.numel() * elem;
+      if (b.unit < 0) f.transient_param_bytes += b.numel * elem;  // gathered all step long
+      else gathered_bytes.push_back(b.numel * elem);
+    }
+    if (zero_stage_ >= 2) {
       f.grad_bytes += b.shard.numel() * elem;  // the gradient shard
       bucket_bytes.push_back(b.numel * elem + flags);
     } else {
@@ -646,6 +838,8 @@ DataParallel::Footprint DataParallel::footprint() const {
   }
   std::sort(bucket_bytes.rbegin(), bucket_bytes.rend());
   for (size_t k = 0; k < bucket_bytes.size() && k < 2; ++k) f.transient_grad_bytes += bucket_bytes[k];
+  std::sort(gathered_bytes.rbegin(), gathered_bytes.rend());
+  for (size_t k = 0; k < gathered_bytes.size() && k < 2; ++k) f.transient_param_bytes += gathered_bytes[k];
   return f;
 }
 

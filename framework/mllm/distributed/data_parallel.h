@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,12 +41,30 @@ class DataParallel {
   // gradients into a full-size buffer that lives while its reduce-scatter is in flight (at most
   // two buckets at once), frees the parameters' .grad, and adds the averaged slice into a
   // persistent gradient shard (1/N of the gradients). zero_grad() starts a new accumulation.
-  // Throws Error for a zero_stage other than 0, 1 or 2.
+  //
+  // `zero_stage` 3 (ZeRO stage 3, "parameter partitioning"; PyTorch FSDP's full sharding): as
+  // stage 2, and the parameters too are kept only as this rank's slices (shard_segments() alias
+  // them). `unit_of` (required) maps a parameter name to its block (0-based) or to -1 for the
+  // parameters outside the blocks (embeddings, final norm, head: the "root" unit). Buckets are
+  // the units, one each, whatever bucket_bytes says (last block first, the root last, backward's
+  // order). A block's parameters exist in full only between pre_forward(block) and
+  // post_forward(block), and between pre_backward(block) and the launch of its bucket's
+  // reduce-scatter (the model calls these through its BlockHooks); the root's from
+  // pre_model_forward() to the launch of its bucket (the end of backward) or release_params().
+  // At other times their storage is freed (the tensors keep their shapes but hold no memory: do
+  // not read them). The pre_ calls also start the gather of the unit that runs next, so the
+  // all-gather overlaps compute. Anything that reads or writes the weights outside a training
+  // step holds a FullParams scope.
+  // Throws Error when `unit_of` is missing at stage 3, a block mixes dtypes or devices, or a
+  // parameter is not contiguous.
+  //
+  // Throws Error for a zero_stage other than 0, 1, 2 or 3.
   //
   // World size 1 at stage 0: nothing to average, so no hooks, buckets or collectives at all;
   // .grad stays what autograd accumulated (the same values the bucketed path would give).
   DataParallel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<Communicator> comm,
-               int64_t bucket_bytes, int zero_stage = 0);
+               int64_t bucket_bytes, int zero_stage = 0,
+               std::function<int64_t(const std::string&)> unit_of = {});
   // Removes the hooks.
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -126,14 +145,50 @@ class DataParallel {
   // Returns at once when none is in flight. Throws CommError when a gather failed.
   void wait_params();
 
+  // Stage 3, collective (every rank must call them alike). pre_forward(block): the block's
+  // parameters are gathered (waiting for a prefetched gather) and the next block's gather is
+  // started; post_forward(block): its storage is freed; pre_backward(block): gathered again
+  // (prefetching block - 1); they are freed once the block's gradients have been copied into
+  // its bucket. No-ops at stages 0-2 and while a FullParams scope is open (then everything is
+  // gathered). Throws CommError when a gather fails, Error for a block out of range.
+  void pre_forward(int64_t block);
+  void post_forward(int64_t block);
+  void pre_backward(int64_t block);
+  // Stage 3, collective: call before every training forward (each micro-step): gathers the root
+  // unit (embeddings, final norm, head) and starts block 0's gather. No-op at stages 0-2.
+  void pre_model_forward();
+  // Stage 3: frees every gathered unit (after a forward that has no backward). No-op at stages
+  // 0-2 and in a FullParams scope.
+  void release_params();
+
+  // Stage 3, collective: gathers every block's parameters (waiting for the gathers) and keeps
+  // them until the matching release; nested scopes count. At release, the values the full
+  // parameters hold then become the shards (so a load into the model, or a broadcast, lands in
+  // the shards) and the blocks' storage is freed. Memory: one full replica of the weights for
+  // the scope's duration (checkpoint saves, sampling, the replica check). No-op at stages 0-2
+  // (the parameters are always whole there). Not thread-safe against a running backward.
+  class FullParams {
+   public:
+    explicit FullParams(DataParallel& dp);
+    ~FullParams();
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    DataParallel& dp_;
+  };
+
   // Bytes this rank stores for the parameters and the gradients (the bucket buffers, or .grad
   // alone at world size 1; at stage 1 the averaged slice is reduce-scattered in place into the
   // buckets; at stage 2 the gradient shards), the bytes of full-size gradient buffers that exist
-  // only during backward (stage 2: the two largest buckets; 0 otherwise), and the number of
-  // elements whose AdamW moments it keeps (all parameters at stage 0, its slices at stages 1 and
-  // 2). For the start-up memory log.
+  // only during backward (stages 2 and 3: the two largest buckets; 0 otherwise), and the number
+  // of elements whose AdamW moments it keeps (all parameters at stage 0, its slices at stages
+  // 1-3). Stage 3: param_bytes are the shards, and transient_param_bytes what is gathered at
+  // most during a step: the root unit (embeddings, head) plus the two largest blocks (the one
+  // computing and the one prefetched). For the start-up memory log.
   struct Footprint {
     int64_t param_bytes = 0, grad_bytes = 0, transient_grad_bytes = 0, optimizer_elements = 0;
+    int64_t transient_param_bytes = 0;
   };
   Footprint footprint() const;
 
@@ -187,6 +242,14 @@ class DataParallel {
     torch::Tensor grad_acc;
     bool acc_valid = false;
     bool folded = true;  // launched and folded into grad_acc (or never launched)
+    // Stage 3: the block this bucket holds (-1: the parameters outside the blocks), and this
+    // unit's own slice of the parameters [shard.numel()] (the master copy the optimizer
+    // updates; param_flat holds storage only while gathered). Stages 1-2: pinned (param_flat
+    // always whole, the shard a view of it).
+    int64_t unit = -1;
+    bool pinned = true;
+    bool gathered = true;  // param_flat has storage (its gather may still be in flight)
+    torch::Tensor shard_param;
   };
 
   void on_grad_ready(size_t param_index);          // the autograd hook
@@ -202,6 +265,16 @@ class DataParallel {
   // grad_acc); undefined when the slice is empty.
   const torch::Tensor& shard_grad(const Bucket& b) const;
 
+  // Stage 3: start the gather of bucket b's parameters into param_flat (allocating its storage)
+  // unless they are there or on their way; wait for it; free the storage (unless pinned or a
+  // FullParams scope is open).
+  void gather_locked(Bucket& b);
+  void wait_gather_locked(Bucket& b);
+  void release_locked(Bucket& b);
+  Bucket* block_bucket(int64_t block);  // throws Error for a block out of range
+  void begin_full_params();
+  void end_full_params();
+
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<Communicator> comm_;
   int64_t bucket_bytes_;
@@ -215,6 +288,9 @@ class DataParallel {
   void adopt_params();
   std::vector<Param> params_;    // parameters that require grad, registration order
   std::vector<Bucket> buckets_;  // launch order (the same on every rank)
+  std::vector<size_t> block_bucket_;  // stage 3: the bucket of block i (SIZE_MAX: none)
+  size_t root_bucket_ = SIZE_MAX;     // stage 3: the bucket of the parameters outside the blocks
+  int full_params_ = 0;               // open FullParams scopes
   size_t next_launch_ = 0;       // buckets before this one have been launched this step
   bool in_flight_ = false;       // a synced step has started (a hook fired) and is not finished
   std::atomic<bool> sync_enabled_{true};

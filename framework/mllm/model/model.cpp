@@ -35,10 +35,60 @@ void LanguageModel::set_activation_checkpointing(const ActivationCheckpointing& 
   checkpointing_ = ac;
 }
 
+namespace {
+
+// y = x in forward; in backward calls hooks->before_backward(layer) and passes the gradient on.
+// Applied to a block's output, so its backward runs before any node of the block's own.
+class BackwardPreHook : public torch::autograd::Function<BackwardPreHook> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t hooks_address, int64_t layer) {
+    ctx->saved_data["hooks"] = hooks_address;
+    ctx->saved_data["layer"] = layer;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* hooks = reinterpret_cast<BlockHooks*>(ctx->saved_data["hooks"].toInt());
+    hooks->before_backward(ctx->saved_data["layer"].toInt());
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+void LanguageModel::set_block_hooks(std::shared_ptr<BlockHooks> hooks) {
+  if (hooks && !supports_block_hooks())
+    throw ConfigError("this model type runs its blocks without LanguageModel::run_block, so no "
+                      "per-block hook can run (dist.zero_stage=3 needs them)");
+  hooks_ = std::move(hooks);
+}
+
+int64_t LanguageModel::block_of(const std::string& param_name) const {
+  static const std::string kPrefix = "layers.";
+  if (param_name.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+  const size_t dot = param_name.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size()) return -1;
+  int64_t layer = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (param_name[i] < '0' || param_name[i] > '9') return -1;
+    layer = layer * 10 + (param_name[i] - '0');
+  }
+  return layer;
+}
+
 torch::Tensor LanguageModel::run_block(int64_t layer, const torch::Tensor& x,
                                        const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
-  if (is_training() && checkpointing_.applies_to(layer)) return checkpointed(fn, x);
-  return fn(x);
+  const bool checkpoint = is_training() && checkpointing_.applies_to(layer);
+  if (!hooks_) return checkpoint ? checkpointed(fn, x) : fn(x);
+  hooks_->before_forward(layer);
+  torch::Tensor y = checkpoint ? checkpointed(fn, x) : fn(x);
+  hooks_->after_forward(layer);
+  // The hooks object outlives the graph: the model holds it, and backward runs while the model
+  // lives.
+  if (torch::GradMode::is_enabled() && y.requires_grad())
+    y = BackwardPreHook::apply(y, reinterpret_cast<int64_t>(hooks_.get()), layer);
+  return y;
 }
 
 ModelRegistry& model_registry() {

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,22 @@
 #include "mllm/model/activation_checkpoint.h"
 
 namespace mllm {
+
+// Callbacks around every transformer block of LanguageModel::forward (ZeRO stage 3 gathers a
+// block's sharded parameters in them; see distributed/data_parallel.h). `layer` is the 0-based
+// block index. before_forward(l) runs before block l computes, after_forward(l) after it
+// returned (its output is computed; tensors it saved for backward still point at the block's
+// parameters), before_backward(l) when backward reaches block l's output, before any of block
+// l's gradients are computed (also before a checkpointed block recomputes its forward).
+// Hooks run on the thread that calls forward / backward; they may throw (the forward or
+// backward then fails with that error).
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int64_t layer) = 0;
+  virtual void after_forward(int64_t layer) = 0;
+  virtual void before_backward(int64_t layer) = 0;
+};
 
 // kPadId (core/special_tokens.h): keys equal to it are masked in attention, targets equal to it
 // are ignored by the loss.
@@ -91,15 +108,27 @@ class LanguageModel : public torch::nn::Module {
   const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
   virtual bool supports_block_hooks() const { return false; }
 
+  // Installs `hooks` around every block that forward() runs through run_block (also in eval
+  // mode and under no_grad; forward_cached runs without them). nullptr removes them. Throws
+  // mllm::ConfigError for a model whose supports_block_hooks() is false.
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks);
+
+  // The block (0-based) a parameter belongs to, by its name in named_parameters(), or -1 for
+  // parameters outside the blocks (embeddings, final norm, head). The built-in families register
+  // their blocks as "layers.<i>."; a model with another layout overrides this.
+  virtual int64_t block_of(const std::string& param_name) const;
+
  protected:
   // The hook point around transformer block `layer` (0-based) of forward(): returns fn(x), or
-  // checkpointed(fn, x) when that block is checkpointed. fn must capture what it reads by value
-  // (backward may call it again after forward returned).
+  // checkpointed(fn, x) when that block is checkpointed, with the BlockHooks (if any) called
+  // around it. fn must capture what it reads by value (backward may call it again after forward
+  // returned).
   torch::Tensor run_block(int64_t layer, const torch::Tensor& x,
                           const std::function<torch::Tensor(const torch::Tensor&)>& fn);
 
  private:
   ActivationCheckpointing checkpointing_;
+  std::shared_ptr<BlockHooks> hooks_;
 };
 
 // Factory signature: (model section, vocabulary size, resolved max_seq_len = recipe.max_seq_len()).

@@ -173,9 +173,10 @@ class SamplesCallback : public Callback {
 
  private:
   void sample(Trainer& t) {
+    const auto texts = t.generate_samples();  // collective (stage 3 gathers the weights)
     if (t.comm().rank() != 0) return;
     std::string block;
-    for (const auto& text : t.generate_samples()) {
+    for (const auto& text : texts) {
       spdlog::info("sample step {}: {}", t.step(), text);
       block += "=== step " + std::to_string(t.step()) + "\n" + text + "\n";
     }

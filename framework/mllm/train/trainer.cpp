@@ -275,7 +275,24 @@ Trainer::Trainer(Recipe recipe, std::shared_ptr<Communicator> comm)
   build();
 }
 
-Trainer::~Trainer() = default;
+namespace {
+// ZeRO stage 3: the model's per-block hook points drive DataParallel's gathers and frees.
+class ZeroBlockHooks : public BlockHooks {
+ public:
+  explicit ZeroBlockHooks(DataParallel* dp) : dp_(dp) {}
+  void before_forward(int64_t layer) override { dp_->pre_forward(layer); }
+  void after_forward(int64_t layer) override { dp_->post_forward(layer); }
+  void before_backward(int64_t layer) override { dp_->pre_backward(layer); }
+
+ private:
+  DataParallel* dp_;
+};
+}  // namespace
+
+Trainer::~Trainer() {
+  // The hooks point at dp_, which goes before a model that someone else may still hold.
+  if (model_) model_->set_block_hooks(nullptr);
+}
 
 void Trainer::build() {
   const Recipe& r = recipe_;
@@ -446,9 +463,22 @@ void Trainer::build() {
   model_->set_activation_checkpointing(
       ActivationCheckpointing(r.model.activation_checkpointing, r.model.checkpoint_every));
   flops_per_token_ = model_->flops_per_token(r.data.seq_len);
+  std::function<int64_t(const std::string&)> block_of;
+  if (r.dist.zero_stage == 3) {
+    if (!model_->supports_block_hooks())
+      throw ConfigError(fmt::format("{}: dist.zero_stage=3 gathers each block's parameters from "
+                                    "hooks around the blocks, and model.type={} runs its blocks "
+                                    "without LanguageModel::run_block; use dist.zero_stage=2",
+                                    r.source, r.model.type));
+    if (r.optim.type != "adamw")  // checked again below for stages 1-2; before any gather here
+      throw ConfigError(fmt::format("{}: dist.zero_stage=3 shards the state of the built-in adamw "
+                                    "optimizer only; optim.type is '{}'", r.source, r.optim.type));
+    block_of = [model = model_.get()](const std::string& name) { return model->block_of(name); };
+  }
   dp_ = std::make_unique<DataParallel>(model_, comm_,
                                        static_cast<int64_t>(r.dist.bucket_mb * 1024 * 1024),
-                                       static_cast<int>(r.dist.zero_stage));
+                                       static_cast<int>(r.dist.zero_stage), block_of);
+  if (r.dist.zero_stage == 3) model_->set_block_hooks(std::make_shared<ZeroBlockHooks>(dp_.get()));
   dp_->broadcast_and_verify();
   spdlog::info("model {}: {} parameters, {} FLOPs per token (fwd+bwd)", r.model.type,
                model_->num_params(), flops_per_token_);
@@ -483,12 +513,17 @@ void Trainer::build() {
     const int64_t opt_bytes = 2 * f.optimizer_elements * elem;
     auto mib = [](int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20)); };
     spdlog::info("memory per rank (dist.zero_stage={}): parameters {}, gradients {}, optimizer state "
-                 "{} (AdamW moments of {} of {} elements), {} in all{}", r.dist.zero_stage,
+                 "{} (AdamW moments of {} of {} elements), {} in all{}{}", r.dist.zero_stage,
                  mib(f.param_bytes), mib(f.grad_bytes), mib(opt_bytes), f.optimizer_elements,
                  model_->num_params(), mib(f.param_bytes + f.grad_bytes + opt_bytes),
                  f.transient_grad_bytes > 0
                      ? fmt::format("; during backward up to {} more for the buckets in flight",
                                    mib(f.transient_grad_bytes))
+                     : std::string(),
+                 f.transient_param_bytes > 0
+                     ? fmt::format("; during a step up to {} of gathered parameters (embeddings "
+                                   "and head, and two blocks at once: the one computing and the "
+                                   "one prefetched)", mib(f.transient_param_bytes))
                      : std::string());
   }
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
@@ -575,7 +610,10 @@ void Trainer::resume_from(const std::string& folder) {
         "cannot resume from {}: its tokenizer (fingerprint {:016x}) differs from the one in {} "
         "({:016x}); the data was re-prepared differently", folder, saved.tokenizer_fingerprint,
         recipe_.data.cache_dir, state_.tokenizer_fingerprint));
-  load_model_weights(folder, *model_);
+  {
+    DataParallel::FullParams full(*dp_);  // stage 3: the loaded weights become the shards
+    load_model_weights(folder, *model_);
+  }
   if (recipe_.dist.zero_stage >= 1 || has_sharded_optimizer_state(folder))
     load_optimizer_state_resharded(folder, *optimizer_, optimizer_pieces(), named_params_,
                                    recipe_.optim);
@@ -729,6 +767,7 @@ StepMetrics Trainer::train_step() {
     auto t0 = std::chrono::steady_clock::now();
     sync_phase("forward");
     torch::Tensor loss;
+    dp_->pre_model_forward();  // stage 3: the embeddings and head gathered, block 0 on its way
     {
       Autocast autocast(r.train.precision == "bf16", device_);
       loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
@@ -804,6 +843,7 @@ StepMetrics Trainer::train_step() {
   }
   if (injected_fault("desync", rank, this_step)) {
     dp_->wait_params();
+    DataParallel::FullParams full(*dp_);
     torch::NoGradGuard no_grad;
     model_->parameters().front().add_(1e-3);
     spdlog::warn("rank {}: step {}: perturbed a parameter (MLLM_FAULT desync)", rank, this_step);
@@ -872,6 +912,9 @@ LanguageModel& Trainer::model() {
 
 EvalMetrics Trainer::evaluate() {
   dp_->wait_params();
+  // Stage 3: ranks may hold different numbers of val batches, and each forward's gathers are
+  // collectives, so the weights are gathered once for the whole evaluation.
+  DataParallel::FullParams full(*dp_);
   const Recipe& r = recipe_;
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -908,6 +951,8 @@ std::string Trainer::save_checkpoint() {
   dp_->wait_params();
   const std::string folder = checkpoints_dir() + "/" + checkpoint_name(state_.step);
   if (last_saved_step_ == state_.step) return folder;
+  // Stage 3: model.pt holds the whole model, so every rank gathers it for the save.
+  DataParallel::FullParams full(*dp_);
   // Weights that are no longer finite are never saved (the same verdict on every rank: the
   // replicas are identical), so `latest` always holds a usable model.
   {
@@ -935,6 +980,8 @@ std::string Trainer::save_checkpoint() {
 
 std::vector<std::string> Trainer::generate_samples() {
   dp_->wait_params();
+  DataParallel::FullParams full(*dp_);  // stage 3: decoding with a KV cache runs no block hooks
+  if (comm_->rank() != 0) return {};
   const SampleConfig& s = recipe_.sample;
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -976,6 +1023,7 @@ void Trainer::write_metrics_line(const std::string& json_line) {
 
 void Trainer::check_replicas() {
   dp_->wait_params();
+  DataParallel::FullParams full(*dp_);  // stage 3: the blocks as gathered from every rank's shard
   // Names and tensors in a fixed order: parameters, then each parameter's optimizer state.
   std::vector<std::string> names;
   std::vector<torch::Tensor> tensors;

@@ -79,7 +79,9 @@ class Trainer {
   // Collective: saves a checkpoint of the current step (no-op if this step is already saved).
   // Returns the folder.
   std::string save_checkpoint();
-  // Rank 0 only: continues each sample.prompts entry; returns the texts (prompt + continuation).
+  // Collective (every rank calls it: at dist.zero_stage 3 the ranks gather the weights for it):
+  // rank 0 continues each sample.prompts entry and returns the texts (prompt + continuation);
+  // the other ranks return an empty list.
   std::vector<std::string> generate_samples();
   // Appends one JSON object as a line to <out_dir>/metrics.jsonl (rank 0 only; others no-op).
   // Throws mllm::Error "cannot write <path>: <reason>" when the write fails (a full disk).
@@ -87,8 +89,12 @@ class Trainer {
 
   const Recipe& recipe() const { return recipe_; }
   Communicator& comm() { return *comm_; }
-  // The model; at dist.zero_stage 1 first waits for the parameters' all-gather in flight.
+  // The model; at dist.zero_stage 1-3 first waits for the parameters' all-gather in flight. At
+  // stage 3 the blocks' parameters hold no memory between steps: forward() works (its block
+  // hooks gather them), anything that reads the tensors themselves holds a
+  // DataParallel::FullParams scope on data_parallel() (collective) while it does.
   LanguageModel& model();
+  DataParallel& data_parallel() { return *dp_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t step() const { return state_.step; }
   // Where this rank's model, batches and optimizer state live (train.device; train/device.h).
