@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# ZeRO stages 1 and 2 (dist.zero_stage) and activation checkpointing on this machine (a
+# ZeRO stages 1, 2 and 3 (dist.zero_stage) and activation checkpointing on this machine (a
 # benchmark, not a test; figures in bench/README.md):
 #   1. per-rank memory at start-up (the trainer's "memory per rank" line) for the small shape
 #      (d_model 512, 8 heads, 8 layers, d_ff 2048, seq 256, vocab 8192) at np 1, 2, 4, 8,
-#      stages 0, 1, 2: AdamW state about 1/np at stages 1 and 2, gradients 1/np at stage 2;
-#   2. tokens/s at stages 0, 1, 2, np 2, 1 thread per rank: recipes/mini.yaml (the main job's
+#      stages 0-3: AdamW state about 1/np at stages 1-3, gradients 1/np at stages 2-3,
+#      parameters 1/np at stage 3 (plus what a step gathers), and the measured peak RSS of
+#      rank 0 over one step (metrics.jsonl peak_rss_bytes);
+#   2. tokens/s at stages 0-3, np 2, 1 thread per rank: recipes/mini.yaml (the main job's
 #      shape, median of steps 6-30) and the small shape (steps 3-12, accumulation 2),
 #      interleaved stage by stage, round by round;
 #   3. activation checkpointing, small shape at seq_len 1024 (micro-batch 2, one rank, 2
@@ -26,21 +28,6 @@ COMMON=("data.corpus=[$CORPUS]" "data.cache_dir=$WORK/cache" eval.every_steps=0 
         checkpoint.resume=none checkpoint.every_steps=100000 log.every_steps=1 train.threads=1)
 
 PARTS="${ZERO_BENCH_PARTS:-1 2 3}"
-SMALL=(data.tokenizer.max_vocab=8192 model.d_model=512 model.n_heads=8 model.n_layers=8 model.d_ff=2048)
-if [[ " $PARTS " == *" 1 "* ]]; then
-  echo "1. memory per rank, small shape (AdamW moments: 2 x 4 bytes per element kept)"
-  for np in 1 2 4 8; do
-    for st in 0 1 2; do
-      out="$WORK/mem$np$st"
-      launch "$np" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
-        "${SMALL[@]}" data.seq_len=256 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
-        > "$WORK/mem.log" 2>&1 || { tail -5 "$WORK/mem.log" >&2; exit 1; }
-      line=$(grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log")
-      echo "  np $np: $line"
-    done
-  done
-
-fi
 median() {  # metrics.jsonl FIRST_INDEX KEY -> median (KEY: tokens_per_s) or max of KEY
   python3 - "$@" <<'PY'
 import json, statistics, sys
@@ -49,6 +36,21 @@ v = [json.loads(l)[key] for l in open(path) if f'"{key}"' in l]
 print(f"{statistics.median(v[first:]) if key == 'tokens_per_s' else max(v):.0f}")
 PY
 }
+SMALL=(data.tokenizer.max_vocab=8192 model.d_model=512 model.n_heads=8 model.n_layers=8 model.d_ff=2048)
+if [[ " $PARTS " == *" 1 "* ]]; then
+  echo "1. memory per rank, small shape (AdamW moments: 2 x 4 bytes per element kept)"
+  for np in 1 2 4 8; do
+    for st in 0 1 2 3; do
+      out="$WORK/mem$np$st"
+      launch "$np" "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
+        "${SMALL[@]}" data.seq_len=256 train.micro_batch=1 train.global_batch=$np train.max_steps=1 dist.zero_stage=$st \
+        > "$WORK/mem.log" 2>&1 || { tail -5 "$WORK/mem.log" >&2; exit 1; }
+      line=$(grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log")
+      echo "  np $np: $line; measured peak RSS $(( $(median "$out/metrics.jsonl" 0 peak_rss_bytes) >> 20 )) MiB"
+    done
+  done
+
+fi
 summary() {  # label "a-values" "b-values" [more...]: medians per stage and the ratios to the first
   python3 - "$@" <<'PY'
 import statistics, sys
@@ -59,7 +61,7 @@ print(f"  {label}: " + ", ".join(f"{m:.0f} {g}" for m, g in zip(med, groups)) +
 PY
 }
 if [[ " $PARTS " == *" 2 "* ]]; then
-  echo "2. tokens/s at stages 0 / 1 / 2, np 2, 1 thread per rank, $ROUNDS rounds interleaved"
+  echo "2. tokens/s at stages 0 / 1 / 2 / 3, np 2, 1 thread per rank, $ROUNDS rounds interleaved"
   tps() {  # shape stage -> median tokens/s
     local out="$WORK/tps"; rm -rf "$out"
     local shape=(train.max_steps=30) first=5
@@ -69,10 +71,12 @@ if [[ " $PARTS " == *" 2 "* ]]; then
     median "$out/metrics.jsonl" "$first" tokens_per_s
   }
   for shape in mini small; do
-    s0=() s1=() s2=()
+    s0=() s1=() s2=() s3=()
     tps "$shape" 0 > /dev/null  # prepares the data outside the timing
-    for _ in $(seq 1 "$ROUNDS"); do s0+=("$(tps "$shape" 0)"); s1+=("$(tps "$shape" 1)"); s2+=("$(tps "$shape" 2)"); done
-    summary "$shape, stage 0 / 1 / 2 tok/s" "${s0[*]}" "${s1[*]}" "${s2[*]}"
+    for _ in $(seq 1 "$ROUNDS"); do
+      s0+=("$(tps "$shape" 0)"); s1+=("$(tps "$shape" 1)"); s2+=("$(tps "$shape" 2)"); s3+=("$(tps "$shape" 3)")
+    done
+    summary "$shape, stage 0 / 1 / 2 / 3 tok/s" "${s0[*]}" "${s1[*]}" "${s2[*]}" "${s3[*]}"
   done
 fi
 if [[ " $PARTS " == *" 3 "* ]]; then

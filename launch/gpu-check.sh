@@ -242,20 +242,24 @@ if want np2_vs_np1; then
   # reduce-scatter, all-gather) go through NCCL even at world size 1, where stage 0 needs none.
   # np1_zero2_ac: stage 2 (buckets freed after their reduce-scatter, gradient shards) with
   # every block checkpointed (the CUDA generator rewound for the recomputation's dropout).
+  # np1_zero3_ac: stage 3 (each block's storage freed and re-gathered through NCCL around its
+  # forward and backward, the caching allocator handing it back) with checkpointing.
   if train np1 1 "${same[@]}" && train np2 2 "${same[@]}" dist.backend=mpi &&
      train np1_zero1 1 "${same[@]}" dist.zero_stage=1 &&
-     train np1_zero2_ac 1 "${same[@]}" dist.zero_stage=2 model.activation_checkpointing=full; then
+     train np1_zero2_ac 1 "${same[@]}" dist.zero_stage=2 model.activation_checkpointing=full &&
+     train np1_zero3_ac 1 "${same[@]}" dist.zero_stage=3 model.activation_checkpointing=full; then
     b1=$(backend np1 "$NP1"); r1=$?
     b2=$(backend np2 "$NP2"); r2=$?
     bz=$(backend np1_zero1 "$NP1"); rz=$?
     cmp=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np2" 1e-5 --steps 8); crc=$?
     cz=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero1" 1e-5 --steps 8); czrc=$?
     c2=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero2_ac" 1e-5 --steps 8); c2rc=$?
+    c3=$("${REPORT[@]}" compare "$OUT/np1" "$OUT/np1_zero3_ac" 1e-5 --steps 8); c3rc=$?
     if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ $rz -eq 0 ] && [ $crc -eq 0 ] && [ $czrc -eq 0 ] &&
-       [ $c2rc -eq 0 ]; then
+       [ $c2rc -eq 0 ] && [ $c3rc -eq 0 ]; then
       st=pass; else st=fail; fi
     record np2_vs_np1 $st "_=$cmp" "backend_np1=$b1" "backend_np2=$b2" "zero1_vs_np1=$cz" \
-      "backend_zero1=$bz" "zero2_ac_vs_np1=$c2" "seconds=$((SECONDS - t0))"
+      "backend_zero1=$bz" "zero2_ac_vs_np1=$c2" "zero3_ac_vs_np1=$c3" "seconds=$((SECONDS - t0))"
   else
     record np2_vs_np1 fail "log=\"$OUT/np1.log / np2.log\""
   fi

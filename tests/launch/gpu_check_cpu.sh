@@ -40,6 +40,9 @@ assert by["np2_vs_np1"]["zero1_vs_np1"]["ok"] is True and by["np2_vs_np1"]["back
 z2 = losses("np1_zero2_ac")
 assert sorted(z2) == sorted(a) and max(abs(a[s] - z2[s]) for s in a) <= 1e-5, (a, z2)
 assert by["np2_vs_np1"]["zero2_ac_vs_np1"]["ok"] is True, by["np2_vs_np1"]
+z3 = losses("np1_zero3_ac")
+assert sorted(z3) == sorted(a) and max(abs(a[s] - z3[s]) for s in a) <= 1e-5, (a, z3)
+assert by["np2_vs_np1"]["zero3_ac_vs_np1"]["ok"] is True, by["np2_vs_np1"]
 g, c = losses("fp32_gpu"), losses("fp32_cpu")
 assert len(g) == 10 and max(abs(g[s] - c[s]) for s in g) <= 1e-4
 assert abs(by["fp32_parity"]["ours"] - by["fp32_parity"]["reference"]) <= 1e-5, by["fp32_parity"]
