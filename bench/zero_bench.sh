@@ -12,8 +12,14 @@
 #   3. activation checkpointing, small shape at seq_len 1024 (micro-batch 2, one rank, 2
 #      threads): peak RSS (metrics.jsonl peak_rss_bytes, the highest interval) and tokens/s,
 #      none vs full, interleaved.
+#   4. a model too large for stage 0 here: a ~530M-parameter llama (d_model 2048, 16 heads,
+#      10 layers, d_ff 5632, tied embeddings) at np 4 needs 4 x 16 bytes x 530M = 34 GB at
+#      stage 0 (more than this 24 GiB machine); it trains at stage 3 with every block
+#      checkpointed (seq 128, one sequence per rank, 3 steps): each rank's peak RSS (GNU time's
+#      maximum resident set size, start-up included), the start-up memory line, seconds per step.
 #   bench/zero_bench.sh [BUILD_DIR] [ROUNDS]      (defaults: build, 3)
-# ZERO_BENCH_PARTS="1 2 3" chooses the parts.
+# ZERO_BENCH_PARTS="1 2 3" chooses the parts, ZERO_BENCH_SHAPES="mini small" part 2's shapes (4 only when named: it takes minutes and most of
+# the machine's memory).
 # Needs data/full/tang.jsonl (launch/fetch-corpus.sh). Runs as root need the OMPI_ALLOW_* variables.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,7 +76,7 @@ if [[ " $PARTS " == *" 2 "* ]]; then
       "${shape[@]}" dist.zero_stage="$2" > "$WORK/tps.log" 2>&1 || { tail -5 "$WORK/tps.log" >&2; exit 1; }
     median "$out/metrics.jsonl" "$first" tokens_per_s
   }
-  for shape in mini small; do
+  for shape in ${ZERO_BENCH_SHAPES:-mini small}; do
     s0=() s1=() s2=() s3=()
     tps "$shape" 0 > /dev/null  # prepares the data outside the timing
     for _ in $(seq 1 "$ROUNDS"); do
@@ -96,4 +102,18 @@ if [[ " $PARTS " == *" 3 "* ]]; then
   done
   summary "peak RSS MiB, none / full" "${mem_n[*]}" "${mem_f[*]}"
   summary "tok/s, none / full" "${tps_n[*]}" "${tps_f[*]}"
+fi
+if [[ " $PARTS " == *" 4 "* ]]; then
+  echo "4. ~530M-parameter llama, np 4, stage 3 + activation checkpointing, 1 thread per rank"
+  out="$WORK/big"
+  mpirun -np 4 --bind-to none --oversubscribe /usr/bin/time -f "rank peak RSS %M KiB, wall %e s" \
+    "$BUILD/bin/mllm-train" "$ROOT/recipes/mini.yaml" "${COMMON[@]}" "run.out_dir=$out" \
+    model.type=llama model.d_model=2048 model.n_heads=16 model.n_layers=10 model.d_ff=5632 \
+    model.tie_embeddings=true model.dropout=0.0 data.seq_len=128 train.micro_batch=1 \
+    train.global_batch=4 train.max_steps=3 model.activation_checkpointing=full dist.zero_stage=3 \
+    > "$WORK/big.log" 2>&1 || { tail -20 "$WORK/big.log" >&2; exit 1; }
+  grep -m1 -o "model llama: .*" "$out/logs/rank_00.log" | sed 's/^/  /'
+  grep -m1 -o "memory per rank.*" "$out/logs/rank_00.log" | sed 's/^/  /'
+  grep -o "step .*/3 .*" "$out/logs/rank_00.log" | sed 's/^/  /'
+  grep "rank peak RSS" "$WORK/big.log" | sed 's/^/  /'
 fi

@@ -213,9 +213,13 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
       }
     }
     adopt_params();
-    // Stage 3: from here on the blocks live as their shards (the module's tensors keep their
-    // shapes but no memory until gathered).
-    for (auto& b : buckets_) release_locked(b);
+    // Stage 3: the parameters stay whole, as this rank built them, until broadcast_and_verify
+    // (or the first forward) ends this first FullParams scope: a broadcast must send rank 0's
+    // own values, not a gather of every rank's slices of different initialisations.
+    if (zero_stage_ == 3) {
+      full_params_ = 1;
+      initial_full_ = true;
+    }
   }
   // One rank: the averaged gradient is the local one. Why skip the buckets too: on a GPU each
   // bucket would cost a copy of every fresh .grad (the trainer resets them to undefined) and an
@@ -292,7 +296,10 @@ void DataParallel::broadcast_and_verify() {
   std::vector<BucketTensor> specs;
   for (const auto& t : tensors)
     specs.push_back({t.numel() * static_cast<int64_t>(t.element_size()), t.scalar_type(), t.device()});
-  if (world == 1) return;  // rank 0's values are already in place
+  if (world == 1) {  // rank 0's values are already in place
+    end_initial_full();
+    return;
+  }
   torch::NoGradGuard no_grad;
   for (const auto& group : plan_buckets(specs, bucket_bytes_)) {
     std::vector<torch::Tensor> flat_parts;
@@ -307,6 +314,13 @@ void DataParallel::broadcast_and_verify() {
       off += t.numel();
     }
   }
+  end_initial_full();
+}
+
+void DataParallel::end_initial_full() {
+  if (!initial_full_) return;
+  initial_full_ = false;
+  end_full_params();
 }
 
 double DataParallel::loss_scale(int64_t local_real_tokens, int64_t* global_real_tokens) {
@@ -722,6 +736,7 @@ void DataParallel::post_forward(int64_t block) {
 
 void DataParallel::pre_model_forward() {
   if (zero_stage_ != 3) return;
+  end_initial_full();  // no broadcast_and_verify: this rank's own values become its shards
   std::lock_guard<std::mutex> lock(mu_);
   if (root_bucket_ != SIZE_MAX) gather_locked(buckets_[root_bucket_]);
   if (Bucket* first = block_bucket(0)) gather_locked(*first);

@@ -52,7 +52,8 @@ class DataParallel {
   // reduce-scatter (the model calls these through its BlockHooks); the root's from
   // pre_model_forward() to the launch of its bucket (the end of backward) or release_params().
   // At other times their storage is freed (the tensors keep their shapes but hold no memory: do
-  // not read them). The pre_ calls also start the gather of the unit that runs next, so the
+  // not read them). They start whole (this rank's own values) and are cut into shards by
+  // broadcast_and_verify (rank 0's values) or, without it, by the first pre_model_forward. The pre_ calls also start the gather of the unit that runs next, so the
   // all-gather overlaps compute. Anything that reads or writes the weights outside a training
   // step holds a FullParams scope.
   // Throws Error when `unit_of` is missing at stage 3, a block mixes dtypes or devices, or a
@@ -274,6 +275,7 @@ class DataParallel {
   Bucket* block_bucket(int64_t block);  // throws Error for a block out of range
   void begin_full_params();
   void end_full_params();
+  void end_initial_full();  // closes the constructor's FullParams scope (stage 3), once
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<Communicator> comm_;
@@ -290,7 +292,8 @@ class DataParallel {
   std::vector<Bucket> buckets_;  // launch order (the same on every rank)
   std::vector<size_t> block_bucket_;  // stage 3: the bucket of block i (SIZE_MAX: none)
   size_t root_bucket_ = SIZE_MAX;     // stage 3: the bucket of the parameters outside the blocks
-  int full_params_ = 0;               // open FullParams scopes
+  int full_params_ = 0;               // open FullParams scopes (+1 for the initial one)
+  bool initial_full_ = false;         // stage 3: the constructor's scope is still open
   size_t next_launch_ = 0;       // buckets before this one have been launched this step
   bool in_flight_ = false;       // a synced step has started (a hook fired) and is not finished
   std::atomic<bool> sync_enabled_{true};
