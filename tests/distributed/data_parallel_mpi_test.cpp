@@ -287,6 +287,25 @@ TEST(DataParallelMpi, BroadcastReplacesEveryRanksInitialisation) {
     EXPECT_TRUE(torch::equal(kv.value(), rank0[kv.key()])) << kv.key();
 }
 
+namespace {
+// The single-process reference of one SGD step (kLr) on the global batch `g`, from the rank-0
+// initialisation (seed 11): `norm` must be its gradient norm (1e-6 relative) and `model`'s
+// weights its updated weights (1e-5 relative).
+void expect_reference_sgd_step(TinyLMImpl& model, const Batch& g, double norm, ModelShape s) {
+  auto ref = make_tiny_lm(11, kVocab, s.d_model, s.d_hidden);
+  mllm::test::mean_loss(*ref, g.inputs, g.targets).backward();
+  double ref_sq = 0;
+  for (const auto& p : ref->parameters()) ref_sq += p.grad().to(torch::kDouble).square().sum().item<double>();
+  EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
+  torch::NoGradGuard no_grad;
+  const auto ours = model.named_parameters(), theirs = ref->named_parameters();
+  for (const auto& kv : theirs) {
+    const torch::Tensor want = kv.value() - kLr * kv.value().grad();
+    EXPECT_TRUE(torch::allclose(ours[kv.key()], want, 1e-5, 1e-6)) << kv.key();
+  }
+}
+}  // namespace
+
 // ZeRO stage 1 (issue 16): one SGD step through shard segments + all_gather_params equals the
 // single-process reference step, with small buckets (several buckets, slices cutting through
 // parameters); the segments of all ranks cover every parameter exactly once; the clipped norm
@@ -345,17 +364,8 @@ TEST(DataParallelZero1, SegmentsPartitionParametersAndStepMatchesReference) {
   dp.all_gather_params();
   dp.wait_params();  // the gathers run in the background until then
 
-  auto ref = make_tiny_lm(11, kVocab, s.d_model, s.d_hidden);
-  mllm::test::mean_loss(*ref, g.inputs, g.targets).backward();
-  double ref_sq = 0;
-  for (const auto& p : ref->parameters()) ref_sq += p.grad().to(torch::kDouble).square().sum().item<double>();
-  EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
+  expect_reference_sgd_step(*model, g, norm, s);
   torch::NoGradGuard no_grad;
-  const auto ours = model->named_parameters(), theirs = ref->named_parameters();
-  for (const auto& kv : theirs) {
-    const torch::Tensor want = kv.value() - kLr * kv.value().grad();
-    EXPECT_TRUE(torch::allclose(ours[kv.key()], want, 1e-5, 1e-6)) << kv.key();
-  }
   // Every rank holds bitwise the same weights.
   std::string h;
   for (const auto& p : model->parameters()) h += mllm::test::bytes_hash(p);
@@ -438,20 +448,10 @@ TEST(DataParallelZero3, GatherPerBlockAndStepMatchesReference) {
   dp.all_gather_params();
   dp.wait_params();
 
-  auto ref = make_tiny_lm(11, kVocab, s.d_model, s.d_hidden);
-  mllm::test::mean_loss(*ref, g.inputs, g.targets).backward();
-  double ref_sq = 0;
-  for (const auto& p : ref->parameters()) ref_sq += p.grad().to(torch::kDouble).square().sum().item<double>();
-  EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
   {
     DataParallel::FullParams full(dp);
     EXPECT_GT(holds_memory(), 0);
-    torch::NoGradGuard no_grad;
-    const auto ours = model->named_parameters(), theirs = ref->named_parameters();
-    for (const auto& kv : theirs) {
-      const torch::Tensor want = kv.value() - kLr * kv.value().grad();
-      EXPECT_TRUE(torch::allclose(ours[kv.key()], want, 1e-5, 1e-6)) << kv.key();
-    }
+    expect_reference_sgd_step(*model, g, norm, s);
     std::string h;
     for (const auto& p : model->parameters()) h += mllm::test::bytes_hash(p);
     const auto all = comm->all_gather(h);

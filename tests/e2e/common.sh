@@ -45,3 +45,27 @@ for s in a:
         assert rel < 1e-6, f"step {s} {k}: {a[s][k]} vs {b[s][k]} (rel {rel:.2e})"
 PY
 }
+
+# The ZeRO scripts' helpers (zero2.sh, zero3.sh).
+CHECK=(dist.check_every_steps=1)
+# same A B: the losses and gradient norms of two runs are bitwise equal.
+same() {
+  diff <(field "$1/metrics.jsonl" loss) <(field "$2/metrics.jsonl" loss) > /dev/null ||
+    fail "$1 and $2: losses not bitwise equal"
+  diff <(field "$1/metrics.jsonl" grad_norm) <(field "$2/metrics.jsonl" grad_norm) > /dev/null ||
+    fail "$1 and $2: gradient norms not bitwise equal"
+}
+# run NP OUT overrides...: train, and show the log's tail on failure
+run() {
+  local np=$1 out=$2; shift 2
+  train "$np" "$out" "$@" > "$out.log" 2>&1 || { tail -n 20 "$out.log" >&2; fail "$out"; }
+}
+# chain OUT STAGE_A STAGE_B STAGE_C: np 4 to step 7, np 2 to step 14, np 3 to step 20, at the
+# three stages, replicas checked every step at the end (dropout 0: dropout streams are per
+# rank; 24 sequences per step divide among 4, 2 and 3 ranks).
+D=(model.dropout=0.0 train.global_batch=24)
+chain() {
+  run 4 "$1" "${D[@]}" dist.zero_stage="$2" train.stop_at_step=7
+  run 2 "$1" "${D[@]}" dist.zero_stage="$3" train.stop_at_step=14
+  run 3 "$1" "${D[@]}" dist.zero_stage="$4" "${CHECK[@]}"
+}

@@ -9,19 +9,8 @@
 # stage 3 alone. Eval, samples, the replica check and checkpoints run on a stage-3 run, and
 # mllm-eval / mllm-generate read its checkpoint.
 source "$(dirname "$0")/common.sh"
-CHECK=(dist.check_every_steps=1)
 LLAMA=(model.type=llama model.n_heads=4 model.n_kv_heads=2 model.tie_embeddings=true model.multiple_of=16)
 
-same() {
-  diff <(field "$1/metrics.jsonl" loss) <(field "$2/metrics.jsonl" loss) > /dev/null ||
-    fail "$1 and $2: losses not bitwise equal"
-  diff <(field "$1/metrics.jsonl" grad_norm) <(field "$2/metrics.jsonl" grad_norm) > /dev/null ||
-    fail "$1 and $2: gradient norms not bitwise equal"
-}
-run() {  # run NP OUT overrides...: train, and show the log's tail on failure
-  local np=$1 out=$2; shift 2
-  train "$np" "$out" "$@" > "$out.log" 2>&1 || { tail -n 20 "$out.log" >&2; fail "$out"; }
-}
 
 for np in 2 4; do
   for family in minillm llama; do
@@ -74,14 +63,7 @@ same "$WORK/s3_minillm_np2" "$WORK/split"
 cmp "$WORK/s3_minillm_np2/checkpoints/step_000020/model.safetensors" \
     "$WORK/split/checkpoints/step_000020/model.safetensors" || fail "stage 3 resume: weights differ"
 
-# Across stages and world sizes (dropout 0: dropout streams are per rank; 24 sequences per
-# step divide among 4, 2 and 3 ranks).
-D=(model.dropout=0.0 train.global_batch=24)
-chain() {  # chain OUT STAGE_A STAGE_B STAGE_C: np 4 to step 7, np 2 to 14, np 3 to 20
-  run 4 "$1" "${D[@]}" dist.zero_stage="$2" train.stop_at_step=7
-  run 2 "$1" "${D[@]}" dist.zero_stage="$3" train.stop_at_step=14
-  run 3 "$1" "${D[@]}" dist.zero_stage="$4" "${CHECK[@]}"
-}
+# Across stages and world sizes (chain, common.sh).
 chain "$WORK/ref" 0 0 0
 chain "$WORK/mixed" 3 0 1
 chain "$WORK/mixed2" 2 3 3
