@@ -288,6 +288,22 @@ TEST(DataParallelMpi, BroadcastReplacesEveryRanksInitialisation) {
 }
 
 namespace {
+// After a synced backward at ZeRO stages 1-3: the gradient norm (unclipped), then SGD (kLr) on
+// this rank's segments and the all-gather of the parameters, waited for. Returns the norm.
+double sgd_step_on_segments(DataParallel& dp) {
+  const double norm = dp.clip_grad_norm(0.0);
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& seg : dp.shard_segments()) {
+      EXPECT_TRUE(seg.param.grad().defined()) << seg.name;
+      if (seg.param.grad().defined()) seg.param.sub_(kLr * seg.param.grad());
+    }
+  }
+  dp.all_gather_params();
+  dp.wait_params();  // the gathers run in the background until then
+  return norm;
+}
+
 // The single-process reference of one SGD step (kLr) on the global batch `g`, from the rank-0
 // initialisation (seed 11): `norm` must be its gradient norm (1e-6 relative) and `model`'s
 // weights its updated weights (1e-5 relative).
@@ -353,16 +369,7 @@ TEST(DataParallelZero1, SegmentsPartitionParametersAndStepMatchesReference) {
   const double scale = dp.loss_scale(mb.real_tokens);
   (mllm::test::summed_loss(*model, mb.inputs, mb.targets) * scale).backward();
   dp.finish_gradient_sync();
-  const double norm = dp.clip_grad_norm(0.0);
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& seg : dp.shard_segments()) {
-      ASSERT_TRUE(seg.param.grad().defined()) << seg.name;
-      seg.param.sub_(kLr * seg.param.grad());
-    }
-  }
-  dp.all_gather_params();
-  dp.wait_params();  // the gathers run in the background until then
+  const double norm = sgd_step_on_segments(dp);
 
   expect_reference_sgd_step(*model, g, norm, s);
   torch::NoGradGuard no_grad;
@@ -437,16 +444,7 @@ TEST(DataParallelZero3, GatherPerBlockAndStepMatchesReference) {
     dp.finish_gradient_sync();
     EXPECT_EQ(holds_memory(), 0) << "micro-step " << k;  // every unit freed at its launch
   }
-  const double norm = dp.clip_grad_norm(0.0);
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& seg : dp.shard_segments()) {
-      ASSERT_TRUE(seg.param.grad().defined()) << seg.name;
-      seg.param.sub_(kLr * seg.param.grad());
-    }
-  }
-  dp.all_gather_params();
-  dp.wait_params();
+  const double norm = sgd_step_on_segments(dp);
 
   {
     DataParallel::FullParams full(dp);

@@ -48,6 +48,7 @@ PY
 
 # The ZeRO scripts' helpers (zero2.sh, zero3.sh).
 CHECK=(dist.check_every_steps=1)
+LLAMA=(model.type=llama model.n_heads=4 model.n_kv_heads=2 model.tie_embeddings=true model.multiple_of=16)
 # same A B: the losses and gradient norms of two runs are bitwise equal.
 same() {
   diff <(field "$1/metrics.jsonl" loss) <(field "$2/metrics.jsonl" loss) > /dev/null ||
@@ -68,4 +69,16 @@ chain() {
   run 4 "$1" "${D[@]}" dist.zero_stage="$2" train.stop_at_step=7
   run 2 "$1" "${D[@]}" dist.zero_stage="$3" train.stop_at_step=14
   run 3 "$1" "${D[@]}" dist.zero_stage="$4" "${CHECK[@]}"
+}
+# against_stage0 NP STAGE: minillm and a tied grouped-query llama, 20 steps at stage 0 and at
+# STAGE (replicas checked every step) into $WORK/s0_FAMILY_npNP and $WORK/sSTAGE_FAMILY_npNP;
+# their losses and gradient norms agree within 1e-6 relative (close).
+against_stage0() {
+  local np=$1 stage=$2 family extra
+  for family in minillm llama; do
+    extra=(); [ "$family" = llama ] && extra=("${LLAMA[@]}")
+    run "$np" "$WORK/s0_${family}_np$np" "${extra[@]}" "${CHECK[@]}"
+    run "$np" "$WORK/s${stage}_${family}_np$np" "${extra[@]}" "${CHECK[@]}" dist.zero_stage="$stage"
+    close "$WORK/s0_${family}_np$np" "$WORK/s${stage}_${family}_np$np"
+  done
 }

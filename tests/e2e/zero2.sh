@@ -8,16 +8,9 @@
 # Activation checkpointing (model.activation_checkpointing) gives bitwise the losses of the
 # plain run, dropout on, at stage 0 and combined with stage 2.
 source "$(dirname "$0")/common.sh"
-LLAMA=(model.type=llama model.n_heads=4 model.n_kv_heads=2 model.tie_embeddings=true model.multiple_of=16)
-
 
 for np in 2 4; do
-  for family in minillm llama; do
-    extra=(); [ "$family" = llama ] && extra=("${LLAMA[@]}")
-    run "$np" "$WORK/s0_${family}_np$np" "${extra[@]}" "${CHECK[@]}"
-    run "$np" "$WORK/s2_${family}_np$np" "${extra[@]}" "${CHECK[@]}" dist.zero_stage=2
-    close "$WORK/s0_${family}_np$np" "$WORK/s2_${family}_np$np"
-  done
+  against_stage0 "$np" 2
   # Gradients: 1/np of stage 0's bytes (the start-up line; stage 0 keeps them whole).
   python3 - "$WORK/s0_minillm_np$np.log" "$WORK/s2_minillm_np$np.log" "$np" <<'PY' || fail "gradients not sharded at np $np"
 import re, sys

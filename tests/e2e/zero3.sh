@@ -9,16 +9,9 @@
 # stage 3 alone. Eval, samples, the replica check and checkpoints run on a stage-3 run, and
 # mllm-eval / mllm-generate read its checkpoint.
 source "$(dirname "$0")/common.sh"
-LLAMA=(model.type=llama model.n_heads=4 model.n_kv_heads=2 model.tie_embeddings=true model.multiple_of=16)
-
 
 for np in 2 4; do
-  for family in minillm llama; do
-    extra=(); [ "$family" = llama ] && extra=("${LLAMA[@]}")
-    run "$np" "$WORK/s0_${family}_np$np" "${extra[@]}" "${CHECK[@]}"
-    run "$np" "$WORK/s3_${family}_np$np" "${extra[@]}" "${CHECK[@]}" dist.zero_stage=3
-    close "$WORK/s0_${family}_np$np" "$WORK/s3_${family}_np$np"
-  done
+  against_stage0 "$np" 3
   # Parameters and gradients: 1/np of stage 0's bytes (the start-up line).
   python3 - "$WORK/s0_minillm_np$np.log" "$WORK/s3_minillm_np$np.log" "$np" <<'PY' || fail "parameters not sharded at np $np"
 import re, sys

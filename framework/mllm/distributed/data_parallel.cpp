@@ -3,7 +3,6 @@
 #include "mllm/distributed/data_parallel.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -147,8 +146,8 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
   std::vector<std::vector<size_t>> plan;
   std::vector<int64_t> plan_units;
   if (zero_stage_ == 3) {
-    // One bucket per block, the last block first (backward's order), the replicated rest last
-    // (the token table's gradient is backward's last).
+    // One bucket per block, the last block first (backward's order), the root unit last (the
+    // token table's gradient is backward's last).
     std::map<int64_t, std::vector<size_t>> by_unit;
     for (size_t m = 0; m < order.size(); ++m) {
       const int64_t u = unit_of(params_[order[m]].name);
