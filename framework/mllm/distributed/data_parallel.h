@@ -53,9 +53,10 @@ class DataParallel {
   // pre_model_forward() to the launch of its bucket (the end of backward) or release_params().
   // At other times their storage is freed (the tensors keep their shapes but hold no memory: do
   // not read them). They start whole (this rank's own values) and are cut into shards by
-  // broadcast_and_verify (rank 0's values) or, without it, by the first pre_model_forward. The pre_ calls also start the gather of the unit that runs next, so the
-  // all-gather overlaps compute. Anything that reads or writes the weights outside a training
-  // step holds a FullParams scope.
+  // broadcast_and_verify (rank 0's values) or, without it, by the first pre_model_forward. The
+  // pre_ calls also start the gather of the unit that runs next, so the all-gather overlaps
+  // compute. Anything that reads or writes the weights outside a training step holds a
+  // FullParams scope.
   // Throws Error when `unit_of` is missing at stage 3, a block mixes dtypes or devices, or a
   // parameter is not contiguous.
   //

@@ -90,9 +90,9 @@ class Trainer {
   const Recipe& recipe() const { return recipe_; }
   Communicator& comm() { return *comm_; }
   // The model; at dist.zero_stage 1-3 first waits for the parameters' all-gather in flight. At
-  // stage 3 the blocks' parameters hold no memory between steps: forward() works (its block
-  // hooks gather them), anything that reads the tensors themselves holds a
-  // DataParallel::FullParams scope on data_parallel() (collective) while it does.
+  // stage 3 the parameters hold no memory between steps: whatever runs or reads the model
+  // outside the trainer's own step and eval (a plugin callback) holds a
+  // DataParallel::FullParams scope on data_parallel() (collective: on every rank) while it does.
   LanguageModel& model();
   DataParallel& data_parallel() { return *dp_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
