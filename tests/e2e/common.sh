@@ -82,3 +82,14 @@ against_stage0() {
     close "$WORK/s0_${family}_np$np" "$WORK/s${stage}_${family}_np$np"
   done
 }
+# resume_bitwise STAGE: 2 ranks at STAGE, stopped at step 10 and resumed, give bitwise the
+# losses, gradient norms and final weights of the straight run $WORK/sSTAGE_minillm_np2.
+resume_bitwise() {
+  local stage=$1
+  run 2 "$WORK/split" dist.zero_stage="$stage" train.stop_at_step=10
+  run 2 "$WORK/split" dist.zero_stage="$stage"
+  grep -q "resumed from" "$WORK/split.log" || fail "stage $stage did not resume"
+  same "$WORK/s${stage}_minillm_np2" "$WORK/split"
+  cmp "$WORK/s${stage}_minillm_np2/checkpoints/step_000020/model.safetensors" \
+      "$WORK/split/checkpoints/step_000020/model.safetensors" || fail "stage $stage resume: weights differ"
+}

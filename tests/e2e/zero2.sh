@@ -27,12 +27,7 @@ PY
 done
 
 # Same world size, stage 2: stop at 10, resume -> bitwise the straight run.
-run 2 "$WORK/split" dist.zero_stage=2 train.stop_at_step=10
-run 2 "$WORK/split" dist.zero_stage=2
-grep -q "resumed from" "$WORK/split.log" || fail "stage 2 did not resume"
-same "$WORK/s2_minillm_np2" "$WORK/split"
-cmp "$WORK/s2_minillm_np2/checkpoints/step_000020/model.safetensors" \
-    "$WORK/split/checkpoints/step_000020/model.safetensors" || fail "stage 2 resume: weights differ"
+resume_bitwise 2
 
 # Across stages and world sizes (chain, common.sh).
 chain "$WORK/ref" 0 0 0

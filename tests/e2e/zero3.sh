@@ -49,12 +49,7 @@ PY
 "$MLLM_BIN/mllm-generate" --checkpoint "$WORK/s3_minillm_np2" --prompt "春" --max-new-tokens 8 > "$WORK/gen.log" 2>&1 || { cat "$WORK/gen.log" >&2; fail "mllm-generate on a stage-3 checkpoint"; }
 
 # Same world size, stage 3: stop at 10, resume -> bitwise the straight run.
-run 2 "$WORK/split" dist.zero_stage=3 train.stop_at_step=10
-run 2 "$WORK/split" dist.zero_stage=3
-grep -q "resumed from" "$WORK/split.log" || fail "stage 3 did not resume"
-same "$WORK/s3_minillm_np2" "$WORK/split"
-cmp "$WORK/s3_minillm_np2/checkpoints/step_000020/model.safetensors" \
-    "$WORK/split/checkpoints/step_000020/model.safetensors" || fail "stage 3 resume: weights differ"
+resume_bitwise 3
 
 # Across stages and world sizes (chain, common.sh).
 chain "$WORK/ref" 0 0 0

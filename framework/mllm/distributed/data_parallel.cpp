@@ -179,7 +179,6 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> model,
     b.pending = static_cast<int>(b.params.size());
     if (zero_stage_ == 3) {
       b.unit = plan_units[bi];
-      b.pinned = false;
       if (b.unit < 0) {
         root_bucket_ = buckets_.size();
       } else {
@@ -659,10 +658,11 @@ void DataParallel::adopt_params() {
     }
     // Stage 3 blocks: the segments are slices of the block's own shard (made here once, from
     // the full values), not of the gathered buffer.
-    if (!b.pinned && !b.shard_param.defined())
+    const bool own_shard = zero_stage_ == 3;
+    if (own_shard && !b.shard_param.defined())
       b.shard_param = b.param_flat.narrow(0, b.shard.begin, b.shard.numel()).clone();
-    const torch::Tensor& base = b.pinned ? b.param_flat : b.shard_param;
-    const int64_t base_offset = b.pinned ? 0 : b.shard.begin;
+    const torch::Tensor& base = own_shard ? b.shard_param : b.param_flat;
+    const int64_t base_offset = own_shard ? b.shard.begin : 0;
     for (size_t si : b.segments) {
       ShardSegment& seg = segments_[si];
       const int64_t at = base.storage_offset() + params_[segment_param_[si]].offset + seg.begin -
@@ -697,7 +697,7 @@ void DataParallel::wait_gather_locked(Bucket& b) {
 }
 
 void DataParallel::release_locked(Bucket& b) {
-  if (zero_stage_ != 3 || b.pinned || !b.gathered || full_params_ > 0) return;
+  if (zero_stage_ != 3 || !b.gathered || full_params_ > 0) return;
   wait_gather_locked(b);  // the backend must be done writing into it
   // Why the storage itself: autograd's saved tensors and the module hold this StorageImpl;
   // freeing its memory in place (PyTorch FSDP resizes the storage to 0 the same way) and
@@ -775,7 +775,6 @@ void DataParallel::end_full_params() {
   adopt_params();
   torch::NoGradGuard no_grad;
   for (auto& b : buckets_) {
-    if (b.pinned) continue;
     b.shard_param.copy_(b.param_flat.narrow(0, b.shard.begin, b.shard.numel()));
     release_locked(b);
   }

@@ -246,10 +246,9 @@ class DataParallel {
     bool folded = true;  // launched and folded into grad_acc (or never launched)
     // Stage 3: the block this bucket holds (-1: the parameters outside the blocks), and this
     // unit's own slice of the parameters [shard.numel()] (the master copy the optimizer
-    // updates; param_flat holds storage only while gathered). Stages 1-2: pinned (param_flat
-    // always whole, the shard a view of it).
+    // updates; param_flat holds storage only while gathered). Stages 1-2: param_flat is always
+    // whole and the shard a view of it.
     int64_t unit = -1;
-    bool pinned = true;
     bool gathered = true;  // param_flat has storage (its gather may still be in flight)
     torch::Tensor shard_param;
   };
@@ -268,7 +267,7 @@ class DataParallel {
   const torch::Tensor& shard_grad(const Bucket& b) const;
 
   // Stage 3: start the gather of bucket b's parameters into param_flat (allocating its storage)
-  // unless they are there or on their way; wait for it; free the storage (unless pinned or a
+  // unless they are there or on their way; wait for it; free the storage (stage 3 only, unless a
   // FullParams scope is open).
   void gather_locked(Bucket& b);
   void wait_gather_locked(Bucket& b);
