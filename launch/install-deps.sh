@@ -6,7 +6,7 @@
 #   launch/install-deps.sh            build + tests + main job
 #   launch/install-deps.sh --dev      also numpy in .venv (golden-value scripts, ../shared/peer)
 # Environment: MLLM_VENV (default <repo>/.venv), MLLM_TORCH_VERSION (default 2.11.0),
-# MLLM_PYARROW_VERSION (default 26.0.1), PYTHON.
+# MLLM_PYARROW_VERSION (default 26.0.1), MLLM_TENSORBOARD_VERSION (default 2.21.0), PYTHON.
 set -euo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -24,6 +24,7 @@ VENV="${MLLM_VENV:-$ROOT/.venv}"
 # The version on our GPU machines (PyTorch 2.11 + CUDA 13): CPU and GPU runs link the same LibTorch.
 TORCH_VERSION="${MLLM_TORCH_VERSION:-2.11.0}"
 PYARROW_VERSION="${MLLM_PYARROW_VERSION:-26.0.1}"
+TENSORBOARD_VERSION="${MLLM_TENSORBOARD_VERSION:-2.21.0}"
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -94,6 +95,17 @@ PY
 then
   echo "install-deps.sh: pip install pyarrow==$PYARROW_VERSION into $VENV"
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "pyarrow==$PYARROW_VERSION"
+fi
+# TensorBoard: tests/e2e/observe.sh reads log.tensorboard's event files back with its own reader;
+# users run `.venv/bin/tensorboard --logdir RUN/tensorboard` (docs/observability.md).
+if ! "$VENV/bin/python3" - "$TENSORBOARD_VERSION" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+sys.exit(version("tensorboard") != sys.argv[1])
+PY
+then
+  echo "install-deps.sh: pip install tensorboard==$TENSORBOARD_VERSION into $VENV"
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "tensorboard==$TENSORBOARD_VERSION"
 fi
 if [ "$DEV" -eq 1 ]; then
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir numpy

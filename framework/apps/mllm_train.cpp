@@ -13,6 +13,9 @@
 #include "mllm/train/trainer.h"
 
 int main(int argc, char** argv) {
+  // First thing: a stop signal at any moment from here on ends the run cleanly (after its
+  // first step, with a checkpoint), never kills it half-built.
+  mllm::install_stop_signal_handlers();
   // Before anything else (MPI, threads): may re-execute this program once with a faster BLAS.
   mllm::ensure_fast_blas(argv);
   CLI::App app{

@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/stop_signal.h"
 
 extern char** environ;
 
@@ -92,6 +93,18 @@ double gemm_check_error() {
   return err;
 }
 
+// This program's file, resolved once (before any signal handler may need it): re-executing it
+// by this path, not /proc/self/exe, keeps the process name (`ps`, `pgrep mllm-train`, `pkill`,
+// Slurm's accounting), which the kernel takes from the executed file's name.
+const std::string& self_path() {
+  static const std::string path = [] {
+    std::error_code ec;
+    const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+    return ec ? std::string("/proc/self/exe") : p.string();
+  }();
+  return path;
+}
+
 // The fallback process image: argv, and the environment without the correction, with
 // MLLM_BLAS_CORE=keep and MLLM_BLAS_FAILED=why. Built before the check so that a signal
 // handler can execve it (execve is async-signal-safe; building it there would not be).
@@ -101,6 +114,7 @@ struct Fallback {
   char** argv = nullptr;
   void build(char** args, const std::string& why) {
     argv = args;
+    self_path();  // resolved now: exec() runs in a signal handler
     env_strings.clear();
     const std::string saved = env_or_empty(kSavedPreloadVar);
     const bool unset_core = env_or_empty(kSetCoreVar) == "1";
@@ -122,7 +136,8 @@ struct Fallback {
     envp.push_back(nullptr);
   }
   [[noreturn]] void exec() {
-    ::execve("/proc/self/exe", argv, envp.data());
+    block_stop_signals(true);  // a stop signal waits for the next image's handler (stop_signal.h)
+    ::execve(self_path().c_str(), argv, envp.data());
     ::_exit(127);
   }
 };
@@ -349,6 +364,9 @@ BlasFix decide_blas_fix(const BlasProbe& probe, const CpuIsa& cpu, const BlasEnv
 }
 
 void ensure_fast_blas(char** argv) {
+  // Re-executed (verify, or back after a failed check): the previous image blocked the stop
+  // signals for the exec; one that came meanwhile is delivered now (to mllm-train's handler).
+  if (!env_or_empty(kPhaseVar).empty() || !env_or_empty(kFailedVar).empty()) block_stop_signals(false);
   if (env_or_empty(kPhaseVar) == "verify") {
     verify_corrected(argv);
     return;
@@ -398,9 +416,14 @@ void ensure_fast_blas(char** argv) {
   }
   ::setenv(kFromVar, fmt::format("{}|{} {}", probe.level, probe.library, probe.path).c_str(), 1);
   ::setenv(kPhaseVar, "verify", 1);
-  ::execv("/proc/self/exe", argv);
+  // A stop signal that arrives from here on, or already arrived (mllm-train's handlers are
+  // installed before this), is delivered in the new image once its handlers are in place.
+  block_stop_signals(true);
+  if (const int sig = stop_signal_number()) ::raise(sig);  // pending, blocked: survives execv
+  ::execv(self_path().c_str(), argv);
   // execv failed: run on as we are.
   const int err = errno;
+  block_stop_signals(false);
   if (fix.action == BlasFix::Action::kPreloadMklShim) {
     if (old_preload) ::setenv("LD_PRELOAD", saved.c_str() + 1, 1);
     else ::unsetenv("LD_PRELOAD");
@@ -408,7 +431,7 @@ void ensure_fast_blas(char** argv) {
     ::unsetenv("OPENBLAS_CORETYPE");
   }
   clear_protocol_env();
-  g_note = {fix.reason + "; cannot correct it: re-executing /proc/self/exe failed: " +
+  g_note = {fix.reason + "; cannot correct it: re-executing " + self_path() + " failed: " +
             std::strerror(err), true};
 }
 

@@ -84,8 +84,11 @@ struct BlasEnv {
 BlasFix decide_blas_fix(const BlasProbe& probe, const CpuIsa& cpu, const BlasEnv& env);
 
 // Call first in main(), before MPI_Init and any thread: when decide_blas_fix() asks for a
-// correction, re-executes /proc/self/exe with the same argv and the corrected environment
-// (does not return); in the re-executed process checks a 256x256 fp32 GEMM against float64
+// correction, re-executes this program's file (/proc/self/exe resolved, so the process keeps
+// its name) with the same argv and the corrected environment (does not return), the stop
+// signals blocked across the exec (core/stop_signal.h: mllm-train installs their handlers
+// before this call, and a signal that arrives meanwhile is delivered once the new image has
+// them); in the re-executed process checks a 256x256 fp32 GEMM against float64
 // (max relative error < 1e-4) and returns on success, or re-executes once more with the
 // library's own choice and MLLM_BLAS_CORE=keep. Never throws: an MLLM_BLAS_CORE other than
 // "keep" prints the error to stderr and exits with code 2 (bad input); other problems become

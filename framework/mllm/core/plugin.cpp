@@ -1,5 +1,6 @@
 // Plugin loading: the build-stamp check (read from the ELF file), then dlopen.
 #include "mllm/core/plugin.h"
+#include "mllm/core/registry.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -98,6 +99,16 @@ std::string read_plugin_stamp(const std::string& path) {
   return "";
 }
 
+namespace {
+std::string g_registering_plugin;  // the plugin whose entry point runs now; "" otherwise
+}  // namespace
+
+namespace detail {
+std::string registering_source() {
+  return g_registering_plugin.empty() ? "mllm's built-ins" : "plugin '" + g_registering_plugin + "'";
+}
+}  // namespace detail
+
 void load_plugins(const std::vector<std::string>& paths) {
   static std::set<std::string> loaded;
   for (const auto& path : paths) {
@@ -124,6 +135,10 @@ void load_plugins(const std::vector<std::string>& paths) {
     }
     auto entry = reinterpret_cast<void (*)()>(sym);
     // Whatever the entry point throws is the plugin's failure to start: bad input, exit 2.
+    struct Registering {  // names this plugin in a duplicate-name error (registry.h)
+      explicit Registering(const std::string& p) { g_registering_plugin = p; }
+      ~Registering() { g_registering_plugin.clear(); }
+    } registering(canon);
     try {
       entry();
     } catch (const std::exception& e) {

@@ -139,6 +139,13 @@ struct SampleConfig {
 struct LogConfig {
   int64_t every_steps = 10;
   std::string level = "info";    // trace | debug | info | warn | error (MLLM_LOG_LEVEL wins)
+  bool tensorboard = false;      // rank 0 also writes RUN/tensorboard/events.out.tfevents.*
+};
+
+struct ProfileConfig {
+  // [FIRST, LAST]: record optimizer steps FIRST..LAST (1-based, as logged) with LibTorch's
+  // profiler into RUN/profile/rank_NN.json; empty = off.
+  std::vector<int64_t> steps;
 };
 
 // A whole experiment. Defaults above are the DESIGN.md defaults.
@@ -156,6 +163,7 @@ struct Recipe {
   EvalConfig eval;
   SampleConfig sample;
   LogConfig log;
+  ProfileConfig profile;
 
   // Options of the callbacks that declare some (their plugins loaded), by callback name: each is
   // read from the top-level section named after its callback (options.h).

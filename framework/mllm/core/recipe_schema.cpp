@@ -280,6 +280,32 @@ KeySpec key(const char* name, std::optional<double>& ref, const char* help, Chec
       [&ref] { return ref ? write_double(*ref) : YAML::Node(YAML::NodeType::Null); });
 }
 
+// profile.steps: [FIRST, LAST] with 1 <= FIRST <= LAST, or null / [] for off (stored empty).
+KeySpec profile_steps_key(std::vector<int64_t>& ref, const char* help) {
+  const std::string type = "[FIRST, LAST] step numbers (1 <= FIRST <= LAST) or null";
+  return leaf(
+      "steps", type, help,
+      [&ref, type](const YAML::Node& n) {
+        if (is_null(n) || (n.IsSequence() && n.size() == 0)) {
+          ref.clear();
+          return;
+        }
+        if (!n.IsSequence() || n.size() != 2) expected(type, n);
+        const int64_t first = parse_int(n[0]), last = parse_int(n[1]);
+        if (first < 1 || last < first)
+          throw std::invalid_argument(fmt::format("must be [FIRST, LAST] with 1 <= FIRST <= LAST, "
+                                                  "got [{}, {}]", first, last));
+        ref = {first, last};
+      },
+      [&ref] {
+        if (ref.empty()) return YAML::Node(YAML::NodeType::Null);
+        YAML::Node s(YAML::NodeType::Sequence);
+        for (int64_t v : ref) s.push_back(v);
+        s.SetStyle(YAML::EmitterStyle::Flow);
+        return s;
+      });
+}
+
 // `threads`: a positive integer or `auto` (stored as 0).
 KeySpec threads_key(int64_t& ref, const char* help) {
   return leaf(
@@ -549,6 +575,14 @@ KeySpec recipe_schema(Recipe& r) {
           key("every_steps", r.log.every_steps, "console + metrics line every N steps", at_least(1)),
           key("level", r.log.level, "log level (MLLM_LOG_LEVEL overrides)",
               {"trace", "debug", "info", "warn", "error"}),
+          key("tensorboard", r.log.tensorboard, "rank 0 also writes every metrics.jsonl value, "
+              "the samples and this recipe to RUN/tensorboard/ for `tensorboard --logdir`"),
+      }),
+      section("profile", "profiler traces", {
+          profile_steps_key(r.profile.steps, "record these optimizer steps with LibTorch's "
+                            "profiler plus mllm's named ranges (forward, backward, each bucket's "
+                            "collectives, optimizer, data, checkpoint) into "
+                            "RUN/profile/rank_NN.json, a Chrome trace for Perfetto"),
       }),
   });
   // One top-level section per callback that declares options (its plugin is loaded), after the

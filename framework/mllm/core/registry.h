@@ -18,6 +18,9 @@ namespace detail {
 // "unknown <kind> 'name'; known: a, b, c" with a did-you-mean hint when one is close.
 std::string unknown_name_message(const std::string& kind, const std::string& name,
                                  const std::vector<std::string>& known);
+// Who is registering components now: "plugin '<path>'" while load_plugins() runs a plugin's
+// entry point (plugin.cpp), "mllm's built-ins" otherwise.
+std::string registering_source();
 }  // namespace detail
 
 // Registry<Product, Args...>: factories `std::shared_ptr<Product>(Args...)` keyed by name.
@@ -29,13 +32,17 @@ class Registry {
 
   explicit Registry(std::string kind) : kind_(std::move(kind)) {}
 
-  // Registers `factory` under `name`. Throws mllm::Error if the name is already taken.
+  // Registers `factory` under `name`. Throws mllm::Error naming both registrants (built-ins or
+  // plugin files) if the name is already taken.
   void add(const std::string& name, Factory factory) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (factories_.count(name))
-      throw Error(kind_ + " '" + name + "' is registered twice; every " + kind_ +
-                  " name must be unique (check plugins for a clash)");
+    const std::string source = detail::registering_source();
+    if (auto it = sources_.find(name); it != sources_.end())
+      throw Error(kind_ + " '" + name + "' is registered twice, by " + it->second + " and by " +
+                  source + "; every " + kind_ + " name must be unique (two copies of one plugin? "
+                  "list one of them)");
     factories_.emplace(name, std::move(factory));
+    sources_.emplace(name, source);
   }
 
   bool contains(const std::string& name) const {
@@ -82,6 +89,7 @@ class Registry {
   std::string kind_;
   mutable std::mutex mu_;  // plugins may register from static initialisers of dlopen'ed libs
   std::map<std::string, Factory> factories_;
+  std::map<std::string, std::string> sources_;  // name -> who registered it (registering_source)
 };
 
 }  // namespace mllm

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/trace.h"
 #include "mllm/distributed/bucket_plan.h"
 
 namespace mllm {
@@ -444,10 +445,15 @@ void DataParallel::launch_bucket_locked(Bucket& b) {
     // gradient buffer; the rest of the bucket keeps this rank's local sums).
     if (!b.grad_shard.defined()) b.grad_shard = b.buffer.narrow(0, b.shard.begin, b.shard.numel());
     collectives_issued_ += 2;
-    b.flags_work = comm_->all_reduce_async(flags_view, ReduceOp::kAvg);
+    {
+      trace::Label label(trace_label(b, "flags all-reduce"));
+      b.flags_work = comm_->all_reduce_async(flags_view, ReduceOp::kAvg);
+    }
+    trace::Label label(trace_label(b, "reduce-scatter"));
     b.work = comm_->reduce_scatter_async(grads, b.grad_shard, ReduceOp::kAvg);
   } else {
     collectives_issued_ += 1;
+    trace::Label label(trace_label(b, "all-reduce"));
     b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
   }
   b.launched = true;
@@ -676,6 +682,13 @@ void DataParallel::adopt_params() {
   }
 }
 
+std::string DataParallel::trace_label(const Bucket& b, const char* op) const {
+  if (!trace::active()) return {};
+  if (zero_stage_ == 3)
+    return b.unit >= 0 ? fmt::format("block {} {}", b.unit, op) : fmt::format("embeddings+head {}", op);
+  return fmt::format("bucket {} {}", &b - buckets_.data(), op);
+}
+
 void DataParallel::gather_locked(Bucket& b) {
   if (b.gathered) return;
   // The block's storage comes back (from its allocator: on a GPU the caching allocator, on the
@@ -685,6 +698,7 @@ void DataParallel::gather_locked(Bucket& b) {
   impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
   impl->set_nbytes(nbytes);
   collectives_issued_ += 1;
+  trace::Label label(trace_label(b, "all-gather"));
   b.gather_work = comm_->all_gather_async(b.shard_param, b.param_flat);
   b.gathered = true;
 }
@@ -802,11 +816,13 @@ void DataParallel::all_gather_params() {
       // now (a FullParams scope is open) fetches the updated shards in place.
       if (!b.gathered) continue;
       collectives_issued_ += 1;
+      trace::Label label(trace_label(b, "all-gather"));
       b.gather_work = comm_->all_gather_async(b.shard_param, b.param_flat);
       continue;
     }
     torch::Tensor mine = b.param_flat.narrow(0, b.shard.begin, b.shard.numel());
     collectives_issued_ += 1;
+    trace::Label label(trace_label(b, "all-gather"));
     b.gather_work = comm_->all_gather_async(mine, b.param_flat);
   }
   // Stage 3: the next forward's first parameters (embeddings and block 0) are on their way

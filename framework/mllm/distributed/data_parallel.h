@@ -273,6 +273,9 @@ class DataParallel {
   void wait_gather_locked(Bucket& b);
   void release_locked(Bucket& b);
   Bucket* block_bucket(int64_t block);  // throws Error for a block out of range
+  // The name of bucket b's collective `op` in a profiler trace ("bucket 3 reduce-scatter",
+  // stage 3 "block 5 all-gather"); "" when no trace is recorded (core/trace.h).
+  std::string trace_label(const Bucket& b, const char* op) const;
   void begin_full_params();
   void end_full_params();
   void end_initial_full();  // closes the constructor's FullParams scope (stage 3), once

@@ -398,7 +398,13 @@ void MpiCommunicator::broadcast(torch::Tensor& t, int root) {
 
 void MpiCommunicator::barrier() {
   count_collective();
-  run_blocking("barrier", [&] { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier", rank_); });
+  // Non-blocking + wait_request: the ranks waiting here sleep instead of spinning, so a rank
+  // that works meanwhile (the node's peak-FLOP/s measurement, train/mfu.h) has the cores.
+  run_blocking("barrier", [&] {
+    MPI_Request req;
+    detail::check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", rank_);
+    detail::wait_request(&req, "MPI_Ibarrier", rank_);
+  });
 }
 
 std::vector<int64_t> MpiCommunicator::all_gather(int64_t value) {

@@ -5,12 +5,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "mllm/core/error.h"
+#include "mllm/core/trace.h"
 #include "mllm/core/logging.h"
 
 namespace mllm {
@@ -184,9 +186,15 @@ void AsyncWork::wait() {
 
 std::shared_ptr<AsyncWork> submit_mpi_task(std::string what, int rank, double timeout_s,
                                            std::function<void()> body) {
+  // profile.steps: the collective appears in the trace on the communication thread, named by
+  // the issuing thread's trace::Label ("bucket 3 reduce-scatter") or else by `what`.
+  std::string range;
+  if (trace::active()) range = trace::label().empty() ? what : trace::label();
   auto work = std::make_shared<AsyncWork>(std::move(what), rank, timeout_s);
-  executor().submit([work, body = std::move(body)] {
+  executor().submit([work, body = std::move(body), range = std::move(range)] {
     try {
+      std::optional<trace::Scope> scope;
+      if (!range.empty()) scope.emplace(range);
       body();
       work->finish(nullptr);
     } catch (...) {

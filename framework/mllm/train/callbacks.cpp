@@ -183,6 +183,7 @@ class SamplesCallback : public Callback {
     CheckedFile out(t.run_dir() + "/samples.txt", /*append=*/true);
     out.write(block);
     out.close();
+    t.write_text("samples", "```\n" + block + "```");
   }
   int64_t every_;
 };

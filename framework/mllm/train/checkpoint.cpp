@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
 
 #include "mllm/core/error.h"
 #include "mllm/core/fault.h"
@@ -389,8 +390,27 @@ OpenedCheckpoint open_checkpoint(const std::string& path,
                           "or a run / checkpoints folder with `latest`");
   OpenedCheckpoint c;
   c.folder = find_resume_checkpoint(path, "").value();
-  if (plugins) load_plugins(*plugins);
-  c.recipe = load_recipe_string(read_checkpoint_recipe(c.folder), c.folder + "/recipe.yaml", {}, ".",
+  const std::string text = read_checkpoint_recipe(c.folder);
+  if (plugins) {
+    load_plugins(*plugins);
+  } else {
+    // The saved `plugins:` paths are relative to the folder training ran in: from anywhere else
+    // they are missing, and --plugins is the way to say where they are now.
+    YAML::Node saved;
+    try {
+      saved = YAML::Load(text);
+    } catch (const YAML::Exception&) {
+    }  // load_recipe_string below reports a broken recipe with its line
+    if (saved.IsMap() && saved["plugins"] && saved["plugins"].IsSequence())
+      for (const auto& item : saved["plugins"])
+        if (item.IsScalar() && !fs::exists(item.Scalar()))
+          throw ConfigError(fmt::format(
+              "{}/recipe.yaml: the checkpoint was trained with plugin '{}' (recipe `plugins:`, "
+              "relative to the folder training ran in), which is not there from {}; give the "
+              "plugins' current paths with --plugins PATH [PATH...], or run from that folder",
+              c.folder, item.Scalar(), fs::current_path().string()));
+  }
+  c.recipe = load_recipe_string(text, c.folder + "/recipe.yaml", {}, ".",
                                 plugins ? RecipePlugins::kAlreadyLoaded : RecipePlugins::kLoad);
   if (plugins) c.recipe.plugins = *plugins;
   return c;

@@ -95,7 +95,8 @@ std::optional<std::string> find_resume_checkpoint(const std::string& resume,
 // needed) and the recipe saved in it. The recipe's `plugins:` are loaded first (paths relative
 // to the working directory); `plugins`, when given (--plugins), are loaded instead and replace
 // that list (a plugin that moved since training). Throws CheckpointError for a bad path or
-// checkpoint, ConfigError for a recipe this build cannot read or a plugin that cannot load.
+// checkpoint, ConfigError for a recipe this build cannot read or a plugin that cannot load (a
+// saved plugin path missing from here: naming it and suggesting --plugins).
 struct OpenedCheckpoint {
   std::string folder;
   Recipe recipe;

@@ -27,6 +27,7 @@
 #include "mllm/core/fault.h"
 #include "mllm/core/logging.h"
 #include "mllm/core/plugin.h"
+#include "mllm/core/trace.h"
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/prepare.h"
 #include "mllm/distributed/prepare_group.h"
@@ -35,15 +36,14 @@
 #include "mllm/optim/optimizer.h"
 #include "mllm/train/builtins.h"
 #include "mllm/train/device.h"
+#include "mllm/train/mfu.h"
+#include "mllm/train/profiler.h"
+#include "mllm/train/tensorboard.h"
 
 namespace fs = std::filesystem;
 
 namespace mllm {
 namespace {
-
-std::atomic<bool> g_stop_signal{false};
-
-extern "C" void on_stop_signal(int) { g_stop_signal.store(true); }
 
 // The value of `key` in at::show_config()'s "key=value, " settings or "  - key: value" lines;
 // "?" when absent.
@@ -136,7 +136,7 @@ bool may_change_on_resume(const std::string& key) {
                            "model.attn_impl", "model.activation_checkpointing",
                            "model.checkpoint_every", "data.prepare_memory_mb",
                            "data.prepare_segment_bytes", "callbacks", "plugins", "checkpoint.", "eval.",
-                           "sample.", "log.", "dist."}) ||
+                           "sample.", "log.", "profile.", "dist."}) ||
          changes_training_on_resume(key);
 }
 
@@ -205,14 +205,6 @@ const char* to_string(StopReason r) {
   return "?";
 }
 
-void install_stop_signal_handlers() {
-  // SIGUSR1/SIGUSR2 too: mpirun forwards those to every rank, while on SIGTERM/SIGINT it
-  // signals the ranks itself and SIGKILLs them after odls_base_sigkill_timeout seconds.
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
-}
-
-bool stop_signal_received() { return g_stop_signal.load(); }
-
 int resolve_threads(int64_t threads, int local_size, int usable, const char* omp_num_threads) {
   if (threads > 0) return static_cast<int>(threads);
   if (omp_num_threads != nullptr) {
@@ -231,37 +223,6 @@ int resolve_threads(int64_t threads, int local_size) {
                  "(affinity and cgroup quota): oversubscribed, which is slower; use "
                  "train.threads=auto", n, local_size, n * local_size, usable);
   return n;
-}
-
-double measure_peak_flops(bool bf16, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  const int64_t n = device.is_cuda() ? 8192 : 1024;
-  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(device);
-  // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
-  // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
-  // would inflate the peak and deflate MFU. Drawn from a copy of the device's default generator,
-  // so the default one (dropout, bit-exact resume) does not move.
-  at::Generator gen;
-  {
-    at::Generator source = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(source.mutex());
-    gen = source.clone();
-  }
-  torch::Tensor a = torch::randn({n, n}, gen, opts);
-  torch::Tensor b = torch::randn({n, n}, gen, opts);
-  // Warm-up: thread pool, oneDNN / cuBLAS handles and kernels, and a GPU's clocks ramping up
-  // (a few ms on an H200, so a few more products there).
-  const int warmups = device.is_cuda() ? 3 : 1, timed = device.is_cuda() ? 5 : 3;
-  for (int i = 0; i < warmups; ++i) torch::mm(a, b);
-  synchronize(device);
-  double best_s = 1e30;
-  for (int i = 0; i < timed; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    torch::mm(a, b);
-    synchronize(device);
-    best_s = std::min(best_s, ms_since(t0) / 1000.0);
-  }
-  return 2.0 * n * n * n / best_s;
 }
 
 Trainer::Trainer(Recipe recipe, std::shared_ptr<Communicator> comm)
@@ -295,37 +256,59 @@ Trainer::~Trainer() {
 }
 
 void Trainer::build() {
-  const Recipe& r = recipe_;
-  Communicator& comm = *comm_;
-  const int rank = comm.rank(), world = comm.world_size();
+  check_same_recipe();
+  const std::vector<std::string> interrupted = lock_run_folder();
+  const std::string resume_folder = decide_resume();
+  start_logging(interrupted);
+  build_data();
+  build_model();
+  build_optimizer();
+  build_schedule_and_sampler();
+  // Dropout masks differ per rank (as with independent DDP processes) but are reproducible.
+  torch::manual_seed(static_cast<uint64_t>(recipe_.run.seed) + 7919ull * (comm_->rank() + 1));
+  state_.world_size = comm_->world_size();
+  if (!resume_folder.empty()) resume_from(resume_folder);
+  open_run_outputs(resume_folder);
+  build_callbacks();
+  measure_peak();
+}
 
-  // Every rank must run the same recipe: a difference (a stale file on one node, an override
-  // given to one rank) would silently desynchronise the replicas.
-  auto hashes = comm.all_gather(fmt::format("{:016x}", recipe_hash(r)));
-  for (int i = 1; i < world; ++i)
+// Every rank must run the same recipe: a difference (a stale file on one node, an override
+// given to one rank) would silently desynchronise the replicas.
+void Trainer::check_same_recipe() {
+  auto hashes = comm_->all_gather(fmt::format("{:016x}", recipe_hash(recipe_)));
+  for (std::size_t i = 1; i < hashes.size(); ++i)
     if (hashes[i] != hashes[0])
       throw ConfigError(fmt::format("rank {} resolved a different recipe than rank 0 (hash {} vs "
                                     "{}); give every rank the same recipe and overrides",
                                     i, hashes[i], hashes[0]));
+}
 
-  // One writer per run folder: rank 0 locks it before anything in it is read or written, so a
-  // second run on the same folder cannot resume from, and overwrite, this one's files.
+// One writer per run folder: rank 0 locks it before anything in it is read or written, so a
+// second run on the same folder cannot resume from, and overwrite, this one's files. Returns the
+// interrupted saves rank 0 removed (logged once logging exists).
+std::vector<std::string> Trainer::lock_run_folder() {
   std::string lock_error;
-  if (rank == 0) {
+  if (comm_->rank() == 0) {
     try {
       lock_ = std::make_unique<RunFolderLock>(run_dir_);
     } catch (const ConfigError& e) {
       lock_error = e.what();
     }
   }
-  lock_error = comm.all_gather(lock_error)[0];
+  lock_error = comm_->all_gather(lock_error)[0];
   if (!lock_error.empty()) throw ConfigError(lock_error);
-  std::vector<std::string> interrupted;
-  if (rank == 0) interrupted = remove_interrupted_saves(checkpoints_dir());
+  if (comm_->rank() == 0) return remove_interrupted_saves(checkpoints_dir());
+  return {};
+}
 
-  // Resume decision (rank 0 reads the folder; everyone follows its answer).
+// The checkpoint to resume from ("" for a fresh start): rank 0 reads the folder, everyone
+// follows its answer. Refuses a recipe that changed in ways that break the run; records the
+// hyperparameter changes that may be made (resume_changes_).
+std::string Trainer::decide_resume() {
+  const Recipe& r = recipe_;
   std::string resume_folder;
-  if (rank == 0) {
+  if (comm_->rank() == 0) {
     resume_folder = find_resume_checkpoint(r.checkpoint.resume, checkpoints_dir()).value_or("");
     // A fresh start over another run's checkpoints would mix two runs in one folder (and
     // keep_last could delete the new saves in favour of the old run's higher steps).
@@ -335,40 +318,45 @@ void Trainer::build() {
           "run.out_dir, delete that folder, or resume (checkpoint.resume=auto)",
           r.source, checkpoints_dir()));
   }
-  resume_folder = comm.all_gather(resume_folder)[0];
-  if (!resume_folder.empty()) {
-    // Against the plugins this run loaded: the saved plugin paths may have moved since.
-    Recipe saved = load_recipe_string(read_checkpoint_recipe(resume_folder),
-                                      resume_folder + "/recipe.yaml", {}, ".",
-                                      RecipePlugins::kAlreadyLoaded);
-    std::string breaking;
-    for (const auto& d : recipe_diff(saved, r)) {
-      if (!may_change_on_resume(d.key))
-        breaking += fmt::format("\n  {}: checkpoint {} -> recipe {}", d.key, d.a, d.b);
-      else if (changes_training_on_resume(d.key))
-        resume_changes_.push_back({d.key, {d.a, d.b}});
-    }
-    if (!breaking.empty())
-      throw CheckpointError("cannot resume from " + resume_folder +
-                            ": the recipe changed in ways that break the run:" + breaking +
-                            "\nrestore these values, or start a new run (checkpoint.resume=none "
-                            "or another run.out_dir)");
+  resume_folder = comm_->all_gather(resume_folder)[0];
+  if (resume_folder.empty()) return resume_folder;
+  // Against the plugins this run loaded: the saved plugin paths may have moved since.
+  Recipe saved = load_recipe_string(read_checkpoint_recipe(resume_folder),
+                                    resume_folder + "/recipe.yaml", {}, ".",
+                                    RecipePlugins::kAlreadyLoaded);
+  std::string breaking;
+  for (const auto& d : recipe_diff(saved, r)) {
+    if (!may_change_on_resume(d.key))
+      breaking += fmt::format("\n  {}: checkpoint {} -> recipe {}", d.key, d.a, d.b);
+    else if (changes_training_on_resume(d.key))
+      resume_changes_.push_back({d.key, {d.a, d.b}});
   }
+  if (!breaking.empty())
+    throw CheckpointError("cannot resume from " + resume_folder +
+                          ": the recipe changed in ways that break the run:" + breaking +
+                          "\nrestore these values, or start a new run (checkpoint.resume=none "
+                          "or another run.out_dir)");
+  return resume_folder;
+}
 
-  // Run folder, logs, resolved recipe: only now that the recipe is known to be valid.
+// Run folder, logs, threads, device and the start-up lines: only now that the recipe is known
+// to be valid.
+void Trainer::start_logging(const std::vector<std::string>& interrupted) {
+  const Recipe& r = recipe_;
+  const int rank = comm_->rank(), world = comm_->world_size();
   fs::create_directories(run_dir_);
   init_logging(rank, world, resolve_log_level(r.log.level), run_dir_ + "/logs");
-  install_stop_signal_handlers();
-  const int threads = resolve_threads(r.train.threads, comm.local_size());
-  torch::set_num_threads(threads);
-  device_ = rank_device(resolve_device_type(r.train.device, r.source), comm.local_rank());
+  install_stop_signal_handlers();  // again (mllm-train's main did it first): a library user's
+  threads_ = resolve_threads(r.train.threads, comm_->local_size());
+  torch::set_num_threads(threads_);
+  device_ = rank_device(resolve_device_type(r.train.device, r.source), comm_->local_rank());
   // The backend as tools read it (launch/gpu-check.sh fails a run that fell back to another):
   // "nccl", "mpi", "mpi staged" (CUDA tensors through pinned host memory), "single".
-  const std::string backend = comm.backend() == "mpi" && device_.is_cuda()
+  const std::string backend = comm_->backend() == "mpi" && device_.is_cuda()
                                   ? "mpi staged backend: CUDA tensors through pinned host memory"
-                                  : comm.backend() + " backend";
+                                  : comm_->backend() + " backend";
   spdlog::info("run {}: world size {} ({}), {} threads per rank, device {}, recipe {}", r.run.name,
-               world, backend, threads, device_.str(), r.source);
+               world, backend, threads_, device_.str(), r.source);
   for (const auto& name : interrupted)
     spdlog::warn("removed {}/{}, left by an interrupted checkpoint save", checkpoints_dir(), name);
   for (const auto& [key, values] : resume_changes_)
@@ -383,6 +371,13 @@ void Trainer::build() {
   // slower than the CPU allows and nothing corrected it (core/blas.h).
   if (blas_startup_note().warn) spdlog::warn("{}", describe_blas());
   else spdlog::info("{}", describe_blas());
+}
+
+// Data: the prepared cache (every rank prepares a share of the corpus when it is missing), the
+// train and val datasets, and the tokenizer.
+void Trainer::build_data() {
+  const Recipe& r = recipe_;
+  const int rank = comm_->rank(), world = comm_->world_size();
 
   // Data: every rank prepares a share of the corpus (segments) when the cache of this data
   // fingerprint is missing, with this rank's threads; the output does not depend on how many.
@@ -390,7 +385,7 @@ void Trainer::build() {
   {
     const auto group = make_prepare_group();
     bool prepared = false;
-    paths = ensure_prepared(r.data, threads, rank == 0 && isatty(STDERR_FILENO), *group,
+    paths = ensure_prepared(r.data, threads_, rank == 0 && isatty(STDERR_FILENO), *group,
                             /*force=*/false, &prepared);
     if (prepared) spdlog::info("prepared data into {} (tokenizer + shards)", paths.dir);
   }
@@ -455,8 +450,12 @@ void Trainer::build() {
                  std::min(val_size_, batches * r.train.micro_batch), val_size_,
                  world);
   }
+}
 
-  // Model: identical initialisation on every rank (same seed), then broadcast + verify anyway.
+// Model: identical initialisation on every rank (same seed), then broadcast + verify anyway;
+// wrapped in DataParallel (buckets, ZeRO stage, stage 3's block hooks).
+void Trainer::build_model() {
+  const Recipe& r = recipe_;
   torch::manual_seed(static_cast<uint64_t>(r.run.seed));
   model_ = model_registry().create(r.model.type, r.model, tokenizer_->vocab_size(), r.max_seq_len());
   model_->to(device_);  // initialised on the CPU first: the same weights on every device
@@ -487,7 +486,12 @@ void Trainer::build() {
                  "recompute their forward in backward (MFU counts model FLOPs: the recomputation "
                  "is not in it)", r.model.activation_checkpointing,
                  model_->activation_checkpointing().count(r.model.n_layers), r.model.n_layers);
+}
 
+// The optimizer over the parameters (stage 0) or this rank's shard segments (stages 1-3), and
+// the per-rank memory line.
+void Trainer::build_optimizer() {
+  const Recipe& r = recipe_;
   for (const auto& p : model_->named_parameters())
     named_params_.push_back({p.key(), p.value(), model_->is_embedding(p.key())});
   if (r.dist.zero_stage >= 1) {
@@ -526,6 +530,12 @@ void Trainer::build() {
                                    "one prefetched)", mib(f.transient_param_bytes))
                      : std::string());
   }
+}
+
+// The lr schedule and the batch sampler (one corpus, or a mixture of data.sources).
+void Trainer::build_schedule_and_sampler() {
+  const Recipe& r = recipe_;
+  const int rank = comm_->rank(), world = comm_->world_size();
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
                                             r.train.max_steps);
   if (r.schedule.warmup_steps >= r.train.max_steps && r.schedule.warmup_steps > 0)
@@ -554,55 +564,60 @@ void Trainer::build() {
     mixture_ = mixture.get();
     sampler_ = std::move(mixture);
   }
-  // Dropout masks differ per rank (as with independent DDP processes) but are reproducible.
-  torch::manual_seed(static_cast<uint64_t>(r.run.seed) + 7919ull * (rank + 1));
-  state_.world_size = world;
-  if (!resume_folder.empty()) resume_from(resume_folder);
+}
 
-  if (rank == 0) {
-    // Lines logged after the checkpoint we resume from (a crash between saves) are replayed
-    // by this run; drop them so every step appears once.
-    drop_metrics_after(run_dir_ + "/metrics.jsonl", state_.step);
-    write_file_atomic(run_dir_ + "/recipe.resolved.yaml", to_yaml(r));
-    metrics_ = std::make_unique<CheckedFile>(run_dir_ + "/metrics.jsonl", /*append=*/true);
-    if (!resume_changes_.empty()) {
-      nlohmann::json changed = nlohmann::json::object();
-      for (const auto& [key, values] : resume_changes_)
-        changed[key] = {{"checkpoint", values.first}, {"recipe", values.second}};
-      write_metrics_line(nlohmann::json({{"step", state_.step}, {"event", "resume"},
-                                         {"from", resume_folder}, {"changed", changed}}).dump());
-    }
+// Rank 0's files of the run: metrics.jsonl (lines after the resumed step dropped), the resolved
+// recipe, TensorBoard's events (log.tensorboard), the resume event.
+void Trainer::open_run_outputs(const std::string& resume_folder) {
+  const Recipe& r = recipe_;
+  if (comm_->rank() != 0) return;
+  // Lines logged after the checkpoint we resume from (a crash between saves) are replayed by
+  // this run; drop them so every step appears once.
+  drop_metrics_after(run_dir_ + "/metrics.jsonl", state_.step);
+  const std::string recipe_yaml = to_yaml(r);
+  write_file_atomic(run_dir_ + "/recipe.resolved.yaml", recipe_yaml);
+  metrics_ = std::make_unique<CheckedFile>(run_dir_ + "/metrics.jsonl", /*append=*/true);
+  if (r.log.tensorboard) {
+    // The same for TensorBoard: what earlier files hold after this step is hidden from it.
+    tensorboard_ = std::make_unique<TensorBoardWriter>(run_dir_ + "/tensorboard", state_.step + 1);
+    tensorboard_->add_text("recipe", "```yaml\n" + recipe_yaml + "```", state_.step);
+    spdlog::info("TensorBoard: {} (tensorboard --logdir {}/tensorboard)", tensorboard_->path(),
+                 run_dir_);
   }
-  for (const auto& name : r.callbacks) callbacks_.push_back(callback_registry().create(name, r));
-  // Eval before the checkpoint (a diverged val loss must not be saved), samples after it.
-  std::stable_sort(callbacks_.begin(), callbacks_.end(), [](const auto& a, const auto& b) {
-    return static_cast<int>(a->phase()) < static_cast<int>(b->phase());
-  });
-  // MFU denominator: every rank times a GEMM at the same moment (after a barrier), so ranks
-  // sharing cores measure their real share, and the shares add up to the job's peak.
-  comm.barrier();
-  torch::Tensor peak = torch::tensor({measure_peak_flops(r.train.precision == "bf16", device_)},
-                                     torch::kFloat64);
-  comm.all_reduce(peak, ReduceOp::kSum);
-  peak_flops_ = peak.item<double>();
-  const bool bf16 = r.train.precision == "bf16";
-  spdlog::info("MFU peak {} = measured {} GEMM (n={}) {}, summed over {} rank(s)",
-               peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
-                                   : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9), bf16 ? "bf16" : "fp32", device_.is_cuda() ? 8192 : 1024,
-               device_.is_cuda() ? "on " + device_.str()
-                                 : fmt::format("with {} {} on {} thread(s)", probe_blas().library,
-                                               probe_blas().path, at::get_num_threads()),
-               world);
-  if (bf16 && device_.is_cpu()) {
-    const double fp32 = measure_peak_flops(false, device_);
-    const double mine = peak.item<double>() / world;
-    if (mine < fp32)
-      spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM ({:.1f} GFLOP/s) is slower than "
-                   "its fp32 GEMM ({:.1f} GFLOP/s; {}): bf16 will train slower than fp32 here; "
-                   "use train.precision=fp32", mine / 1e9, fp32 / 1e9, detect_cpu_isa().describe());
+  if (!resume_changes_.empty()) {
+    nlohmann::json changed = nlohmann::json::object();
+    for (const auto& [key, values] : resume_changes_)
+      changed[key] = {{"checkpoint", values.first}, {"recipe", values.second}};
+    write_metrics_line(nlohmann::json({{"step", state_.step}, {"event", "resume"},
+                                       {"from", resume_folder}, {"changed", changed}}).dump());
   }
 }
 
+// The recipe's callbacks, then profile.steps's: eval before the checkpoint (a diverged val loss
+// must not be saved), samples after it.
+void Trainer::build_callbacks() {
+  const Recipe& r = recipe_;
+  for (const auto& name : r.callbacks) callbacks_.push_back(callback_registry().create(name, r));
+  if (!r.profile.steps.empty()) callbacks_.push_back(make_profiler_callback(r));
+  std::stable_sort(callbacks_.begin(), callbacks_.end(), [](const auto& a, const auto& b) {
+    return static_cast<int>(a->phase()) < static_cast<int>(b->phase());
+  });
+}
+
+// The MFU denominator (train/mfu.h): the job's hardware, measured once per node.
+void Trainer::measure_peak() {
+  const bool bf16 = recipe_.train.precision == "bf16";
+  const JobPeak peak = measure_job_peak_flops(*comm_, bf16, device_);
+  peak_flops_ = peak.flops;
+  spdlog::info("MFU peak {} = {}", peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
+                                                    : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9),
+               peak.how);
+  if (bf16 && device_.is_cpu() && peak.flops < peak.fp32_flops)
+    spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM ({:.1f} GFLOP/s) is slower than "
+                 "its fp32 GEMM ({:.1f} GFLOP/s; {}): bf16 will train slower than fp32 here; use "
+                 "train.precision=fp32", peak.flops / 1e9, peak.fp32_flops / 1e9,
+                 detect_cpu_isa().describe());
+}
 void Trainer::resume_from(const std::string& folder) {
   TrainState saved = read_train_state(folder);
   if (saved.tokenizer_fingerprint != state_.tokenizer_fingerprint)
@@ -731,6 +746,7 @@ StopReason Trainer::run() {
 StepMetrics Trainer::train_step() {
   const Recipe& r = recipe_;
   const auto t_step = std::chrono::steady_clock::now();
+  trace::Scope step_range(trace::active() ? fmt::format("step {}", state_.step + 1) : std::string());
   StepMetrics m;
   m.lr = schedule_->lr(state_.step);
   set_lr(*optimizer_, m.lr);
@@ -738,10 +754,13 @@ StepMetrics Trainer::train_step() {
   sync_phase("data");
   std::vector<Batch> batches;
   int64_t local_targets = 0;
-  for (const auto& ids : sampler_->next_step()) {
-    Batch batch = mixture_ ? get_mixture(source_data_, source_offsets_, ids) : train_data_->get(ids);
-    local_targets += count_targets(batch.targets);
-    batches.push_back(to_device(std::move(batch), device_));
+  {
+    trace::Scope range("data loading");
+    for (const auto& ids : sampler_->next_step()) {
+      Batch batch = mixture_ ? get_mixture(source_data_, source_offsets_, ids) : train_data_->get(ids);
+      local_targets += count_targets(batch.targets);
+      batches.push_back(to_device(std::move(batch), device_));
+    }
   }
   int64_t global_targets = 0;
   const double scale = dp_->loss_scale(local_targets, &global_targets);
@@ -769,6 +788,7 @@ StepMetrics Trainer::train_step() {
     torch::Tensor loss;
     dp_->pre_model_forward();  // stage 3: the embeddings and head gathered, block 0 on its way
     {
+      trace::Scope range("forward");
       Autocast autocast(r.train.precision == "bf16", device_);
       loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
     }
@@ -776,11 +796,15 @@ StepMetrics Trainer::train_step() {
     m.forward_ms += ms_since(t0);
     auto t1 = std::chrono::steady_clock::now();
     sync_phase("backward");
-    (loss * scale).backward();
+    {
+      trace::Scope range("backward");
+      (loss * scale).backward();
+    }
     m.backward_ms += ms_since(t1);
     if (!last && dp_->zero_stage() >= 2) {
       const auto tc = std::chrono::steady_clock::now();
       sync_phase("gradient sync");
+      trace::Scope range("wait for gradient sync");
       dp_->finish_gradient_sync();
       m.comm_ms += ms_since(tc);
     }
@@ -795,7 +819,10 @@ StepMetrics Trainer::train_step() {
   }
   auto t2 = std::chrono::steady_clock::now();
   sync_phase("gradient sync");
-  dp_->finish_gradient_sync();
+  {
+    trace::Scope range("wait for gradient sync");
+    dp_->finish_gradient_sync();
+  }
   m.comm_ms += ms_since(t2);
   sync_phase("gradient norm");
   m.grad_norm = dp_->clip_grad_norm(r.optim.grad_clip);
@@ -837,6 +864,7 @@ StepMetrics Trainer::train_step() {
     consecutive_skips_ = 0;
     auto t3 = std::chrono::steady_clock::now();
     sync_phase("optimizer");
+    trace::Scope range("optimizer");
     optimizer_->step();
     dp_->all_gather_params();  // stage 1: every rank's updated slices into every replica
     m.optimizer_ms = ms_since(t3);
@@ -911,6 +939,7 @@ LanguageModel& Trainer::model() {
 }
 
 EvalMetrics Trainer::evaluate() {
+  trace::Scope range("eval");
   dp_->wait_params();
   // Stage 3: ranks may hold different numbers of val batches, and each forward's gathers are
   // collectives, so the weights are gathered once for the whole evaluation.
@@ -951,6 +980,7 @@ std::string Trainer::save_checkpoint() {
   dp_->wait_params();
   const std::string folder = checkpoints_dir() + "/" + checkpoint_name(state_.step);
   if (last_saved_step_ == state_.step) return folder;
+  trace::Scope range("checkpoint");
   // Stage 3: model.pt holds the whole model, so every rank gathers it for the save.
   DataParallel::FullParams full(*dp_);
   // Weights that are no longer finite are never saved (the same verdict on every rank: the
@@ -979,6 +1009,7 @@ std::string Trainer::save_checkpoint() {
 }
 
 std::vector<std::string> Trainer::generate_samples() {
+  trace::Scope range("samples");
   dp_->wait_params();
   DataParallel::FullParams full(*dp_);  // stage 3: decoding with a KV cache runs no block hooks
   if (comm_->rank() != 0) return {};
@@ -1019,6 +1050,11 @@ void Trainer::write_metrics_line(const std::string& json_line) {
   if (!metrics_) return;
   // A failed write can leave a partial line behind; the next start drops it (drop_metrics_after).
   metrics_->write(json_line + "\n");
+  if (tensorboard_) tensorboard_->add_metrics(nlohmann::json::parse(json_line));
+}
+
+void Trainer::write_text(const std::string& tag, const std::string& text) {
+  if (tensorboard_) tensorboard_->add_text(tag, text, state_.step);
 }
 
 void Trainer::check_replicas() {

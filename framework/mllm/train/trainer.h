@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "mllm/core/recipe.h"
+#include "mllm/core/stop_signal.h"  // install_stop_signal_handlers, stop_signal_received
 #include "mllm/data/dataset.h"
 #include "mllm/data/sampler.h"
 #include "mllm/data/tokenizer.h"
@@ -31,6 +32,7 @@
 
 namespace mllm {
 class CheckedFile;
+class TensorBoardWriter;
 }
 
 namespace mllm {
@@ -83,9 +85,13 @@ class Trainer {
   // rank 0 continues each sample.prompts entry and returns the texts (prompt + continuation);
   // the other ranks return an empty list.
   std::vector<std::string> generate_samples();
-  // Appends one JSON object as a line to <out_dir>/metrics.jsonl (rank 0 only; others no-op).
-  // Throws mllm::Error "cannot write <path>: <reason>" when the write fails (a full disk).
+  // Appends one JSON object as a line to <out_dir>/metrics.jsonl, and with log.tensorboard its
+  // numbers to TensorBoard (rank 0 only; others no-op). Throws mllm::Error "cannot write
+  // <path>: <reason>" when the write fails (a full disk).
   void write_metrics_line(const std::string& json_line);
+  // With log.tensorboard: `text` (markdown) under `tag` at the current step in TensorBoard
+  // (rank 0 only; a no-op otherwise). Throws mllm::Error on a write failure.
+  void write_text(const std::string& tag, const std::string& text);
 
   const Recipe& recipe() const { return recipe_; }
   Communicator& comm() { return *comm_; }
@@ -101,15 +107,27 @@ class Trainer {
   const torch::Device& device() const { return device_; }
   const std::string& run_dir() const { return run_dir_; }
   std::string checkpoints_dir() const { return run_dir_ + "/checkpoints"; }
-  // Peak FLOP/s of the whole job: the sum of every rank's GEMM throughput measured at the
-  // same moment at start-up (train.precision's dtype), the MFU denominator.
+  // Peak FLOP/s of the whole job, the MFU denominator: each node's GEMM throughput on its
+  // usable cores (or each GPU's), measured at start-up in train.precision's dtype (train/mfu.h).
   double peak_flops() const { return peak_flops_; }
   // Seconds since this Trainer was constructed (train.time_limit_s counts from there; leave
   // a margin for the final checkpoint when setting it under a scheduler's limit).
   double seconds_running() const;
 
  private:
+  // build() runs these phases in this order.
   void build();
+  void check_same_recipe();
+  std::vector<std::string> lock_run_folder();
+  std::string decide_resume();
+  void start_logging(const std::vector<std::string>& interrupted);
+  void build_data();
+  void build_model();
+  void build_optimizer();
+  void build_schedule_and_sampler();
+  void open_run_outputs(const std::string& resume_folder);
+  void build_callbacks();
+  void measure_peak();
   void resume_from(const std::string& folder);
   StepMetrics train_step();
   // The end-of-run summary line (rank 0's log; every rank logs its own copy).
@@ -122,6 +140,7 @@ class Trainer {
   Recipe recipe_;
   std::shared_ptr<Communicator> comm_;
   torch::Device device_{torch::kCPU};
+  int threads_ = 1;  // intra-op threads of this rank (train.threads resolved)
   std::string run_dir_;
   std::string tokenizer_path_;
   std::shared_ptr<Tokenizer> tokenizer_;
@@ -148,6 +167,7 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::unique_ptr<RunFolderLock> lock_;          // rank 0: held for the Trainer's lifetime
   std::unique_ptr<CheckedFile> metrics_;         // rank 0: metrics.jsonl, appended to
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with log.tensorboard
   std::vector<std::pair<std::string, std::pair<std::string, std::string>>> resume_changes_;
   int64_t consecutive_skips_ = 0;
   TrainState state_;
@@ -172,16 +192,5 @@ int resolve_threads(int64_t threads, int local_size);
 // The same rule with its inputs given (no warning): `usable` CPUs, `omp_num_threads` the
 // environment value or nullptr.
 int resolve_threads(int64_t threads, int local_size, int usable, const char* omp_num_threads);
-
-// This process's matmul throughput in FLOP/s on `device` at the current thread count and dtype
-// (the best of a few timed square GEMMs on random operands after warm-up, n = 1024 on the CPU,
-// 8192 on a GPU; the MFU denominator). Leaves the default generators untouched.
-double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device(torch::kCPU));
-
-// Installs SIGTERM/SIGINT/SIGUSR1/SIGUSR2 handlers that request a checkpointed stop at the end
-// of the step (under mpirun use SIGUSR1: mpirun forwards it and kills on SIGTERM, see README).
-void install_stop_signal_handlers();
-// True once one of those signals arrived in this process.
-bool stop_signal_received();
 
 }  // namespace mllm

@@ -47,6 +47,18 @@ class TempDir {
   static inline int counter_ = 0;
 };
 
+TEST(Recipe, ProfileStepsIsARangeOrNull) {
+  EXPECT_TRUE(load_recipe_string(kBase).profile.steps.empty());
+  EXPECT_EQ(load_recipe_string(kBase, "r.yaml", {"profile.steps=[3,5]"}).profile.steps,
+            (std::vector<int64_t>{3, 5}));
+  EXPECT_TRUE(load_recipe_string(std::string(kBase) + "profile: {steps: null}\n").profile.steps.empty());
+  EXPECT_NE(error_of(kBase, {"profile.steps=[5,3]"}).find("1 <= FIRST <= LAST, got [5, 3]"),
+            std::string::npos) << error_of(kBase, {"profile.steps=[5,3]"});
+  EXPECT_NE(error_of(kBase, {"profile.steps=[0,3]"}).find("got [0, 3]"), std::string::npos);
+  EXPECT_NE(error_of(kBase, {"profile.steps=4"}).find("profile.steps"), std::string::npos);
+  EXPECT_FALSE(load_recipe_string(kBase).log.tensorboard);
+}
+
 }  // namespace
 
 TEST(Recipe, DefaultsMatchDesign) {

@@ -1,0 +1,90 @@
+// The MFU denominator measured on the job's hardware (see mfu.h).
+#include "mllm/train/mfu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include "mllm/core/blas.h"
+#include "mllm/distributed/communicator.h"
+#include "mllm/train/device.h"
+
+namespace mllm {
+
+double measure_peak_flops(bool bf16, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = device.is_cuda() ? 8192 : 2048;
+  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(device);
+  // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
+  // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
+  // would inflate the peak and deflate MFU. Drawn from a copy of the device's default generator,
+  // so the default one (dropout, bit-exact resume) does not move.
+  at::Generator gen;
+  {
+    at::Generator source = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(source.mutex());
+    gen = source.clone();
+  }
+  torch::Tensor a = torch::randn({n, n}, gen, opts);
+  torch::Tensor b = torch::randn({n, n}, gen, opts);
+  // Warm-up: thread pool, oneDNN / cuBLAS handles and kernels, and a GPU's clocks ramping up
+  // (a few ms on an H200, so a few more products there).
+  const int warmups = device.is_cuda() ? 3 : 1, timed = 5;
+  for (int i = 0; i < warmups; ++i) torch::mm(a, b);
+  synchronize(device);
+  double best_s = 1e30;
+  for (int i = 0; i < timed; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::mm(a, b);
+    synchronize(device);
+    best_s = std::min(best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best_s;
+}
+
+JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device) {
+  const char* dtype = bf16 ? "bf16" : "fp32";
+  JobPeak peak;
+  double mine = 0, mine_fp32 = 0;
+  bool measures = false;
+  std::string where;
+  comm.barrier();  // nobody is still building: the measurement has the node to itself
+  if (device.is_cuda()) {
+    // One rank per GPU (rank_device: cuda:(local_rank % GPUs)), all at once: GPUs share nothing.
+    measures = comm.local_rank() < std::max(1, visible_gpus());
+    if (measures) mine = measure_peak_flops(bf16, device);
+    where = fmt::format("on each GPU in use ({})", device.str());
+  } else {
+    // One rank per node with all the node's usable cores; the others sleep in the barrier
+    // below (a sleeping wait, mpi_runtime.h), so the GEMM is not sharing the cores with them.
+    const int cores = usable_cpus();
+    measures = comm.local_rank() == 0;
+    if (measures) {
+      const int before = at::get_num_threads();
+      at::set_num_threads(cores);
+      mine = measure_peak_flops(bf16, device);
+      if (bf16) mine_fp32 = measure_peak_flops(false, device);
+      at::set_num_threads(before);
+    }
+    where = fmt::format("with {} {} on the {} usable core(s) of each node (affinity and cgroup "
+                        "quota), while the node's other ranks waited", probe_blas().library,
+                        probe_blas().path, cores);
+  }
+  comm.barrier();
+  torch::Tensor sums = torch::tensor({mine, mine_fp32, measures ? 1.0 : 0.0}, torch::kFloat64);
+  comm.all_reduce(sums, ReduceOp::kSum);
+  peak.flops = sums[0].item<double>();
+  peak.fp32_flops = sums[1].item<double>();
+  const int timed = static_cast<int>(sums[2].item<double>());
+  peak.nodes = device.is_cuda() ? 0 : timed;
+  peak.how = fmt::format("measured {} GEMM (n={}, random operands, best of 5) {}, summed over {} "
+                         "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed,
+                         device.is_cuda() ? "GPU(s)" : "node(s)");
+  return peak;
+}
+
+}  // namespace mllm

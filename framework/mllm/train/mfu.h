@@ -1,0 +1,39 @@
+// The MFU denominator: the peak matmul throughput of the hardware the job's ranks actually
+// have, measured at start-up.
+//
+// MFU = FLOPs per token x tokens/s / peak (PaLM, Chowdhery et al. 2022, appendix B). FLOPs per
+// token: LanguageModel::flops_per_token (6N for the weights' matmuls in forward + backward, plus
+// the attention scores and their weighted sum, 12 x n_layers x seq x d_model per token: the
+// count nanoGPT and the PyTorch peer use; docs/ARCHITECTURE.md).
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+namespace mllm {
+
+class Communicator;
+
+// This process's matmul throughput in FLOP/s on `device` at the current thread count and dtype:
+// the best of a few timed n x n GEMMs on random operands after warm-up (n = 2048 on the CPU,
+// 8192 on a GPU; a GPU multiplies constant operands ~13% faster). Leaves the default generators
+// untouched.
+double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device(torch::kCPU));
+
+struct JobPeak {
+  double flops = 0;        // FLOP/s of the whole job (all nodes)
+  int nodes = 0;           // nodes that measured (one CPU measurement per node)
+  double fp32_flops = 0;   // bf16 on the CPU: the same node's fp32 GEMM rate (else 0), job-wide
+  std::string how;         // how it was obtained, for the log
+};
+
+// Collective. CPU: on each node one rank (local rank 0) times the GEMM with usable_cpus()
+// threads (affinity and cgroup quota: the cores this node's ranks share) while the node's other
+// ranks wait, sleeping, in a barrier; the nodes' rates are summed. CUDA: every GPU in use is
+// timed once (by the first local rank on it), all at the same moment; the rates are summed.
+// `bf16`: the GEMM in bf16 (train.precision); on the CPU also in fp32, for a warning when bf16
+// is the slower one. Restores this rank's thread count. Throws CommError if a collective fails.
+JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device);
+
+}  // namespace mllm
