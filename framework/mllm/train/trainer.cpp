@@ -378,8 +378,7 @@ void Trainer::start_logging(const std::vector<std::string>& interrupted) {
 void Trainer::build_data() {
   const Recipe& r = recipe_;
   const int rank = comm_->rank(), world = comm_->world_size();
-
-  // Data: every rank prepares a share of the corpus (segments) when the cache of this data
+  // Every rank prepares a share of the corpus (segments) when the cache of this data
   // fingerprint is missing, with this rank's threads; the output does not depend on how many.
   PreparedData paths;
   {
