@@ -467,6 +467,15 @@ def _fmt(x, spec):
     return "" if x is None else format(x, spec)
 
 
+def md_text(text):
+    r"""Text for results.md, table cells in particular (GitHub-flavoured markdown): '|' becomes
+    '\|' (a bare one ends the cell and shifts the row), '\' becomes '\\' (a value's own
+    backslash must not escape what follows it, e.g. the '|' of 'a\|b'), and a line break <br>
+    (a newline would end the row). Rendered, the cell reads as the value."""
+    text = str(text).replace("\\", "\\\\").replace("|", "\\|")
+    return re.sub(r"\r\n|\r|\n", "<br>", text)
+
+
 def collect(out):
     with open(os.path.join(out, "sweep.json")) as f:
         sweep = json.load(f)
@@ -509,15 +518,15 @@ def collect(out):
                         _fmt(r["tokens_per_s"], ".1f"), _fmt(r["wall_s"], ".1f"), r["status"]])
 
     head = [*swept, "params", "steps", "train loss", "val loss", "tokens/s", "wall s", "status"]
-    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = ["| " + " | ".join(map(md_text, head)) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [*r["values"], _fmt(r["params"], ","), str(r["steps"]),
                  _fmt(r["train_loss"], ".4f"), _fmt(r["val_loss"], ".4f"),
                  _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".1f"), r["status"]]
-        table.append("| " + " | ".join(cells) + " |")
-    md = [f"# Sweep of {sweep['recipe']}", "",
-          "Swept: " + (" ".join(f"{k}={','.join(v)}" for k, v in sweep["grid"] if k in swept)
-                       or "nothing") + (f"; fixed: {' '.join(fixed)}" if fixed else "")
+        table.append("| " + " | ".join(map(md_text, cells)) + " |")
+    md = [f"# Sweep of {md_text(sweep['recipe'])}", "",
+          "Swept: " + md_text(" ".join(f"{k}={','.join(v)}" for k, v in sweep["grid"] if k in swept)
+                              or "nothing") + (f"; fixed: {md_text(' '.join(fixed))}" if fixed else "")
           + ". Each point's overrides are in results.csv and <point>/overrides.txt.", "",
           *table, "",
           "train loss: last logged step; val loss: last evaluation; tokens/s: median over logged "

@@ -2,6 +2,12 @@
 # and the OpenMPI variables (run as root, oversubscription).
 set -euo pipefail
 : "${MLLM_BIN:?set by ctest}" "${MLLM_SOURCE_DIR:?set by ctest}"
+# What the programs read from the environment, pinned whatever the caller's: the scripts grep
+# mllm-train's info lines (its output and logs/rank_*.log), so MLLM_LOG_LEVEL=warn or error would
+# fail them; MLLM_FAULT is set by a test on the commands it means to fail; recipes are given as
+# paths (no MLLM_SHARE_DIR lookup). Exported: mpirun, sweep.sh and Slurm jobs pass it on.
+export MLLM_LOG_LEVEL=info
+unset MLLM_FAULT MLLM_SHARE_DIR
 WORK=$(mktemp -d /tmp/mllm_e2e.XXXXXX)
 cleanup() { [ -n "${KEEP_WORK:-}" ] && return 0; local jobs_left; jobs_left=$(jobs -p); [ -z "$jobs_left" ] || kill $jobs_left 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT  # never leave a trainer running

@@ -9,6 +9,14 @@
 # test fails if any of its processes survive. Skipped (77) without root or Slurm packages.
 source "$(dirname "$0")/../e2e/common.sh"
 source "$(dirname "$0")/slurm_cluster.sh"
+# The environment, pinned whatever the caller's: common.sh exports MLLM_LOG_LEVEL=info (the
+# checks below read mllm-train's info lines: "step N/M", "stopping at step", "received a stop
+# signal", "resumed from"; sbatch passes the environment on to the jobs), and no variable of an
+# enclosing Slurm job or a user's Slurm defaults (SLURM_*, SBATCH_*, SQUEUE_*, ...) reaches the
+# test cluster's commands or jobs.
+for v in $(compgen -e); do
+  case "$v" in SLURM_*|SBATCH_*|SALLOC_*|SRUN_*|SQUEUE_*|SCANCEL_*|SINFO_*|SCONTROL_*) unset "$v" ;; esac
+done
 SLURM_UP=0
 teardown() {
   local code=$?
@@ -59,7 +67,7 @@ train 2 "$WORK/ref" "${T[@]}" > "$WORK/ref.log" 2>&1 || { cat "$WORK/ref.log" >&
 export MLLM_BIN MLLM_ROOT="$MLLM_SOURCE_DIR" MLLM_TIME_MARGIN_S=45 MLLM_MIN_TRAIN_S=5 MLLM_RUN_DIR="$RUN"
 # --signal: the script's own TERM@120 would fire at once in a 1-minute job (docs/multinode.md).
 export MLLM_SBATCH_ARGS="--output=$WORK/slurm-%j.out --signal=TERM@5"
-unset MLLM_SUBMISSION MLLM_RESUBMIT MLLM_LAUNCHER MLLM_MODE MLLM_DRY_RUN
+unset MLLM_SUBMISSION MLLM_RESUBMIT MLLM_LAUNCHER MLLM_MODE MLLM_DRY_RUN MLLM_SRUN_MPI MLLM_MAX_SUBMISSIONS
 SUBMIT=(sbatch --parsable --output="$WORK/slurm-%j.out" --signal=TERM@5 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=1
         "$MLLM_SOURCE_DIR/launch/slurm.sbatch" "$REL" "${BASE[@]}" "${T[@]}")
 cd "$MLLM_SOURCE_DIR"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # launch/sweep.sh grid parsing: --help comes from the parser's option table; bad grid syntax,
 # bad options and keys mllm-train refuses exit 2 before anything is written; a good grid expands
-# to the cartesian product (dry run: one mllm-train command per point, with its overrides).
+# to the cartesian product (dry run: one mllm-train command per point, with its overrides); a '|',
+# a backslash or a line break in a swept value stays inside its cell of results.md.
 source "$(dirname "$0")/../e2e/common.sh"
 S="$MLLM_SOURCE_DIR/launch/sweep.sh"
 OUT="$WORK/sweep"
@@ -89,6 +90,45 @@ got=$(caches data.val_fraction=0.05,0.1 train.max_steps=100)
 [ "$(grep -c '^[^ ]*/mllm-prepare ' "$WORK/out")" -eq 2 ] || fail "no mllm-prepare lines: $(cat "$WORK/out")"
 [ "$(grep -c "^[^ ]*/launch/mpirun.sh -np 2 [^ ]*/mllm-train " "$WORK/out")" -eq 2 ] \
   || fail "no mpirun.sh lines: $(cat "$WORK/out")"
+
+# results.md: a '|', a backslash or a line break in a swept value stays in its cell (\|, \\, <br>):
+# every row has the header's cells, and each reads back as the value as GitHub's tables split and
+# unescape it. The plan and the table only (sweep_lib.py plan + collect, as sweep.sh runs them):
+# nothing trains, so collect says the points are not run (exit 3).
+MD="$WORK/md"
+python3 launch/sweep_lib.py plan "$RECIPE" $'run.name=a|b,c\\d,e\\|f,g\nh,i\\' train.max_steps=2 \
+  --eval-points 0 --out "$MD" > /dev/null 2> "$WORK/err" || { cat "$WORK/err" >&2; fail "plan of a run.name sweep"; }
+set +e; python3 launch/sweep_lib.py collect "$MD" > /dev/null 2> "$WORK/err"; code=$?; set -e
+[ "$code" -eq 3 ] || { cat "$WORK/err" >&2; fail "collect exited $code, want 3 (points not run)"; }
+python3 - "$MD/results.md" <<'PY' || fail "results.md table: $(cat "$MD/results.md")"
+import re, sys
+def cells(row):
+    r"""A GitHub table row -> its cells' text: split at '|' but not '\|', then '\|' -> '|' and
+    backslash escapes (of ASCII punctuation) -> the character; <br> -> a line break."""
+    assert row.startswith("| ") and row.endswith(" |"), row
+    parts, cur, i, row = [], "", 0, row[1:-1]
+    while i < len(row):
+        if row.startswith("\\|", i):
+            cur, i = cur + "\\|", i + 2
+        elif row[i] == "|":
+            parts, cur, i = parts + [cur], "", i + 1
+        else:
+            cur, i = cur + row[i], i + 1
+    parts.append(cur)
+    out = []
+    for c in parts:
+        c = re.sub(r"\\([!-/:-@[-`{-~])", r"\1", c.strip().replace("\\|", "|"))
+        out.append(c.replace("<br>", "\n"))
+    return out
+lines = open(sys.argv[1]).read().split("\n")
+top = next(i for i, l in enumerate(lines) if l.startswith("| run.name |"))
+end = lines.index("", top)
+head, rows = cells(lines[top]), lines[top + 2:end]
+assert len(head) == 8, head
+assert all(len(cells(r)) == len(head) for r in rows), rows
+assert [cells(r)[0] for r in rows] == ["a|b", "c\\d", "e\\|f", "g\nh", "i\\"], rows
+assert all(cells(r)[-1] == "not run" for r in rows), rows
+PY
 
 # Splitting on commas outside brackets and quotes (values written by hand).
 python3 - "$MLLM_SOURCE_DIR/launch" <<'PY' || fail "split_values"
