@@ -15,6 +15,8 @@
 #                out-of-place collective behind a slow producer, with controls that must fail)
 #   sync_debug   6 steps of the llama below with train.sync_debug: every host synchronisation of
 #                a step, by phase and call stack (info)
+#   observe      6 steps of the llama below with profile.steps=[4,5] and log.tensorboard: the
+#                Chrome trace holds CUDA kernels and mllm's named ranges, one events file
 #   mini         recipes/mini.yaml for 200 steps on the GPU (tokens/s, MFU), and the same on the
 #                CPU (8 ranks): final val losses within 0.02 (dropout draws differ by device; 1, 2
 #                and 4 CPU ranks, whose draws differ too, agreed within 1.2e-4 on tang300)
@@ -52,7 +54,7 @@
 #   tar czf $OUT/gc.tgz --exclude=checkpoints --exclude=cache-tang --exclude=hf_llama -C /tmp gc
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] || { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,54p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT=$1
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 PYTHON=${PYTHON:-python3}
@@ -193,6 +195,32 @@ if want sync_debug; then
     record sync_debug $st "backend=$b" "per_step=$(value "$s" per_step)" "sync_sites=$(value "$s" sites)"
   else
     record sync_debug fail "log=\"$OUT/sync_debug.log\""
+  fi
+fi
+
+# ---- observe: a profiler trace and TensorBoard events of a GPU run ------------------------
+if want observe; then
+  if train observe 1 "${llama_bf16[@]}" train.max_steps=6 log.every_steps=1 eval.every_steps=0 \
+       checkpoint.every_steps=0 "profile.steps=[4,5]" log.tensorboard=true; then
+    o=$(python3 - "$OUT/observe" "$DEV" <<'PY'
+import glob, json, sys
+run, dev = sys.argv[1], sys.argv[2]
+ev = json.load(open(run + "/profile/rank_00.json"))["traceEvents"]
+names = {e["name"] for e in ev if e.get("cat") == "mllm"}
+kernels = [e for e in ev if e.get("cat") == "kernel"]
+runtime = {e["name"] for e in ev if e.get("cat") == "cuda_runtime"}
+ok = {"forward", "backward", "optimizer", "step 4", "step 5"} <= names and \
+     (dev != "cuda" or len(kernels) > 0) and len(glob.glob(run + "/tensorboard/events.out.tfevents.*")) == 1
+print(json.dumps({"ok": ok, "events": len(ev), "ranges": sorted(names), "kernels": len(kernels),
+                  "syncs": sorted(n for n in runtime if "ynchronize" in n or "Memcpy" in n)}))
+sys.exit(0 if ok else 1)
+PY
+    ); orc=$?
+    if [ $orc -eq 0 ]; then st=pass; else st=fail; fi
+    [ -n "$o" ] || o='{}'
+    record observe $st "_=$o"
+  else
+    record observe fail "log=\"$OUT/observe.log\""
   fi
 fi
 

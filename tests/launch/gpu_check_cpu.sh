@@ -14,7 +14,7 @@ import json, sys
 out = sys.argv[1]
 rep = json.load(open(f"{out}/report.json"))
 by = {r["check"]: r for r in rep["checks"]}
-want = ["build", "gpu_tests", "sync_debug", "mini", "fp32_vs_cpu", "fp32_parity", "np2_vs_np1",
+want = ["build", "gpu_tests", "sync_debug", "observe", "mini", "fp32_vs_cpu", "fp32_parity", "np2_vs_np1",
         "llama_np1", "reference", "bf16_parity", "hf_export", "speed", "mfu"]
 assert [r["check"] for r in rep["checks"]] == want, [r["check"] for r in rep["checks"]]
 assert rep["passed"] is True and rep["device"] == "cpu", rep
@@ -50,6 +50,9 @@ assert abs(by["mini"]["val_loss"] - by["mini"]["cpu_val_loss"]) <= 0.02, by["min
 # No GPU, no host synchronisation to find: an empty list, from a report that exists.
 sd = json.load(open(f"{out}/sync_debug/sync_debug.json"))
 assert sd["steps"] == 5 and sd["total"] == 0 and sd["sites"] == [] and sd["device"] == "cpu", sd
+# The trace of steps 4-5 holds the named ranges (no CUDA kernels on the CPU), one events file.
+o = by["observe"]
+assert o["status"] == "pass" and o["kernels"] == 0 and {"forward", "step 4", "step 5"} <= set(o["ranges"]), o
 md = open(f"{out}/report.md").read()
 assert "verdict: PASS" in md and "| np2_vs_np1 | pass |" in md, md
 print("gpu_check_cpu: all", len(want), "checks; np2 vs np1 max |loss diff|", diff)
