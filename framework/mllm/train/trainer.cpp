@@ -346,7 +346,8 @@ void Trainer::start_logging(const std::vector<std::string>& interrupted) {
   const int rank = comm_->rank(), world = comm_->world_size();
   fs::create_directories(run_dir_);
   init_logging(rank, world, resolve_log_level(r.log.level), run_dir_ + "/logs");
-  install_stop_signal_handlers();  // again (mllm-train's main did it first): a library user's
+  // mllm-train's main installed them first thing; a program that builds a Trainer gets them here.
+  install_stop_signal_handlers();
   threads_ = resolve_threads(r.train.threads, comm_->local_size());
   torch::set_num_threads(threads_);
   device_ = rank_device(resolve_device_type(r.train.device, r.source), comm_->local_rank());
@@ -617,6 +618,7 @@ void Trainer::measure_peak() {
                  "train.precision=fp32", peak.flops / 1e9, peak.fp32_flops / 1e9,
                  detect_cpu_isa().describe());
 }
+
 void Trainer::resume_from(const std::string& folder) {
   TrainState saved = read_train_state(folder);
   if (saved.tokenizer_fingerprint != state_.tokenizer_fingerprint)
