@@ -143,8 +143,9 @@ bool may_change_on_resume(const std::string& key) {
 // Of those, the hyperparameters that change the training from the resumed step on — the
 // standard "rewind to the last good checkpoint and lower the lr" — warned about and recorded.
 bool changes_training_on_resume(const std::string& key) {
+  // train.max_steps too: the lr schedule spans it (a longer run re-bends the decay).
   return matches_any(key, {"optim.lr", "optim.weight_decay", "optim.betas", "optim.grad_clip",
-                           "schedule."});
+                           "schedule.", "train.max_steps"});
 }
 
 // Rewrites metrics.jsonl without the lines whose "step" is greater than `step` (and without a
@@ -336,6 +337,16 @@ std::string Trainer::decide_resume() {
                           ": the recipe changed in ways that break the run:" + breaking +
                           "\nrestore these values, or start a new run (checkpoint.resume=none "
                           "or another run.out_dir)");
+  // The lr at the resumed step under the checkpoint's schedule and under this recipe's: they
+  // differ when train.max_steps (or the schedule) changed, and the step's lr jumps there.
+  const int64_t step = read_train_state(resume_folder).step;
+  const double before = lr_schedule_registry()
+                            .create(saved.schedule.type, saved.schedule, saved.optim.lr,
+                                    saved.train.max_steps)
+                            ->lr(step);
+  const double now =
+      lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr, r.train.max_steps)->lr(step);
+  if (before != now) resume_lr_ = ResumeLr{step, before, now, saved.train.max_steps};
   return resume_folder;
 }
 
@@ -363,6 +374,14 @@ void Trainer::start_logging(const std::vector<std::string>& interrupted) {
   for (const auto& [key, values] : resume_changes_)
     spdlog::warn("resuming with {} changed: checkpoint {} -> recipe {} (applies from the resumed "
                  "step on)", key, values.first, values.second);
+  if (resume_lr_)
+    spdlog::warn("the lr at the resumed step {} is {:.4e}, where the checkpoint's schedule "
+                 "(train.max_steps={}) gave {:.4e}: the schedule spans train.max_steps={}, so "
+                 "from here on the lr follows that run's curve (a longer run decays later, "
+                 "docs/checkpoints.md); to go on at the checkpoint's lr instead, resume with "
+                 "schedule.type=constant schedule.warmup_steps=0 optim.lr={:.6g}",
+                 resume_lr_->step, resume_lr_->recipe, resume_lr_->checkpoint_max_steps,
+                 resume_lr_->checkpoint, r.train.max_steps, resume_lr_->checkpoint);
   if (device_.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(r.train.tf32);
     at::globalContext().setAllowTF32CuDNN(r.train.tf32);
@@ -588,8 +607,10 @@ void Trainer::open_run_outputs(const std::string& resume_folder) {
     nlohmann::json changed = nlohmann::json::object();
     for (const auto& [key, values] : resume_changes_)
       changed[key] = {{"checkpoint", values.first}, {"recipe", values.second}};
-    write_metrics_line(nlohmann::json({{"step", state_.step}, {"event", "resume"},
-                                       {"from", resume_folder}, {"changed", changed}}).dump());
+    nlohmann::json event = {{"step", state_.step}, {"event", "resume"}, {"from", resume_folder},
+                            {"changed", changed}};
+    if (resume_lr_) event["lr"] = {{"checkpoint", resume_lr_->checkpoint}, {"recipe", resume_lr_->recipe}};
+    write_metrics_line(event.dump());
   }
 }
 

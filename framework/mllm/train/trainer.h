@@ -169,6 +169,14 @@ class Trainer {
   std::unique_ptr<CheckedFile> metrics_;         // rank 0: metrics.jsonl, appended to
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with log.tensorboard
   std::vector<std::pair<std::string, std::pair<std::string, std::string>>> resume_changes_;
+  // The lr at the resumed step under the checkpoint's schedule and this recipe's, when they
+  // differ (train.max_steps or the schedule changed): warned about and put in the resume event.
+  struct ResumeLr {
+    int64_t step = 0;
+    double checkpoint = 0, recipe = 0;
+    int64_t checkpoint_max_steps = 0;
+  };
+  std::optional<ResumeLr> resume_lr_;
   int64_t consecutive_skips_ = 0;
   TrainState state_;
   int64_t last_saved_step_ = -1;
