@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       "Under mpirun every rank prepares a share, and the output is the same at any number of\n"
       "ranks: mpirun -np 4 mllm-prepare RECIPE. A re-run continues an interrupted one.\n"
       "Exit codes: 0 done (or the cache was up to date), 2 bad input (recipe, corpus: the\n"
-      "message names the file and line), 1 anything else."};
+      "message names the file and line), 1 anything else.",
+      "mllm-prepare"};
   std::string recipe_path;
   std::vector<std::string> overrides;
   int threads = 0;

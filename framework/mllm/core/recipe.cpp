@@ -295,12 +295,26 @@ std::vector<RecipeDifference> recipe_diff(const Recipe& a, const Recipe& b) {
   return out;
 }
 
+namespace {
+// Text for a cell of a GitHub-flavoured markdown table: a bare '|' would end the cell (GFM
+// reads "\|" as a '|' in the cell, inside code spans too).
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
 std::string recipe_reference() {
   Recipe r;
   std::ostringstream os;
   os << "| key | type | default | meaning |\n|---|---|---|---|\n";
   visit_keys(detail::recipe_schema(r), "", [&](const std::string& p, const KeySpec& k) {
-    os << "| `" << p << "` | " << k.type << " | `" << flow_text(k) << "` | " << k.help << " |\n";
+    os << "| `" << p << "` | " << cell(k.type) << " | `" << cell(flow_text(k)) << "` | "
+       << cell(k.help) << " |\n";
   });
   // Options declared by components (plugins) loaded in this process.
   for (const auto& [id, schema] : all_options()) {
@@ -314,8 +328,8 @@ std::string recipe_reference() {
     for (const auto& spec : schema->specs()) {
       OptionValue v = spec.default_value;
       KeySpec k = detail::option_key(spec, v);
-      os << "| `" << section << "." << spec.key << "` | " << k.type << " | `" << flow_text(k)
-         << "` | " << k.help << " |\n";
+      os << "| `" << section << "." << spec.key << "` | " << cell(k.type) << " | `"
+         << cell(flow_text(k)) << "` | " << cell(k.help) << " |\n";
     }
   }
   return os.str();

@@ -2,6 +2,7 @@
 // include cycles, the resolved dump round trip, cross-field rules.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -57,6 +58,23 @@ TEST(Recipe, ProfileStepsIsARangeOrNull) {
   EXPECT_NE(error_of(kBase, {"profile.steps=[0,3]"}).find("got [0, 3]"), std::string::npos);
   EXPECT_NE(error_of(kBase, {"profile.steps=4"}).find("profile.steps"), std::string::npos);
   EXPECT_FALSE(load_recipe_string(kBase).log.tensorboard);
+}
+
+// docs/recipe.md is --help-recipe's table: a '|' in a help text or a default must not add a cell
+// (checkpoint.resume's "auto | none | PATH" did).
+TEST(Recipe, ReferenceRowsHaveFourCells) {
+  std::istringstream in(mllm::recipe_reference());
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    ++rows;
+    int bars = 0;
+    for (size_t i = 0; i < line.size(); ++i)
+      if (line[i] == '|' && (i == 0 || line[i - 1] != '\\')) ++bars;
+    EXPECT_EQ(bars, 5) << line;
+  }
+  EXPECT_GT(rows, 50);
+  EXPECT_NE(mllm::recipe_reference().find("auto (latest if any) \\| none \\| PATH"), std::string::npos);
 }
 
 }  // namespace
