@@ -1,6 +1,7 @@
 // mllm-generate --checkpoint DIR --prompt TEXT: continues a prompt with a trained model,
 // streaming the text to stdout as it is generated.
 #include <iostream>
+#include <random>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -18,7 +19,8 @@
 int main(int argc, char** argv) {
   // Before anything else (MPI, threads): may re-execute this program once with a faster BLAS.
   mllm::ensure_fast_blas(argv);
-  CLI::App app{"mllm-generate: continue a prompt with a model from an mllm checkpoint.",
+  CLI::App app{"mllm-generate: continue a prompt with a model from an mllm checkpoint.\n"
+               "Exit codes: 0 done, 2 bad input (checkpoint, options), 1 anything else.",
                "mllm-generate"};
   std::string checkpoint, prompt;
   mllm::GenerateOptions opt;
@@ -32,7 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", opt.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", opt.top_k, "keep the k most likely tokens; 0 = off")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", opt.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
-  app.add_option("--seed", opt.seed, "sampling seed")->capture_default_str();
+  auto* seed_opt = app.add_option("--seed", opt.seed,
+                                  "sampling seed (default: a new one per call, printed to stderr)");
   app.add_option("--threads", threads, "intra-op threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
   std::vector<std::string> plugins;
   auto* plugins_opt = app.add_option(
@@ -62,14 +65,32 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
 
     std::vector<int64_t> ids{mllm::kBosId};
-    for (int32_t id : tokenizer->encode(prompt)) ids.push_back(id);
+    int64_t unknown = 0;
+    for (int32_t id : tokenizer->encode(prompt)) {
+      ids.push_back(id);
+      unknown += id == mllm::kUnkId;
+    }
+    // The notes go to stderr: stdout holds the text alone.
+    if (unknown > 0)
+      std::cerr << "mllm-generate: warning: " << unknown << " token(s) of the prompt are not in the "
+                << "checkpoint's vocabulary and became <UNK>; the model continues from that\n";
+    if (!seed_opt->count() && opt.temperature > 0) {
+      opt.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+      std::cerr << "mllm-generate: seed " << opt.seed << " (--seed " << opt.seed
+                << " repeats this text)\n";
+    }
     opt.eos_id = mllm::kEosId;
     mllm::IncrementalDecoder decoder(tokenizer);
     std::cout << prompt << std::flush;
+    int64_t generated = 0;
     mllm::generate(*model, ids, opt, [&](int64_t id) {
+      ++generated;
       std::cout << decoder.push(static_cast<int32_t>(id)) << std::flush;
     });
     std::cout << decoder.flush() << std::endl;
+    if (generated < opt.max_new_tokens)
+      std::cerr << "mllm-generate: stopped at end-of-text after " << generated << " of "
+                << opt.max_new_tokens << " new token(s) (the model ended the document)\n";
     return 0;
   });
 }

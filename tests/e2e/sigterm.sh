@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SIGTERM mid-run saves a loadable checkpoint and exits 0 (and SIGUSR1 under mpirun); the run then resumes from it, and
-# mllm-generate can load it. Also the time limit (train.time_limit_s).
+# mllm-generate can load it (and says its seed, an end-of-text stop, unknown prompt characters). Also the time limit
+# (train.time_limit_s).
 source "$(dirname "$0")/common.sh"
 OUT="$WORK/run"
 # Started directly (not through train()) so that $! is mllm-train itself, not a subshell.
@@ -35,6 +36,34 @@ set -e
 [ "$code" -eq 2 ] || fail "--top-p 0: exit $code, expected 2"
 [ ! -s "$WORK/gen3" ] || fail "--top-p 0 printed before refusing: $(cat "$WORK/gen3")"
 grep -q "top_p must be in (0, 1]" "$WORK/gen.err" || { cat "$WORK/gen.err"; fail "--top-p 0 message"; }
+# Without --seed every call draws a seed and says which (issue 31, item 7): --seed N repeats the text.
+G=("$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春" --max-new-tokens 30)
+"${G[@]}" > "$WORK/gen4" 2>"$WORK/gen4.err" || fail "mllm-generate without --seed"
+seed=$(sed -n 's/^mllm-generate: seed \([0-9]*\) (--seed .* repeats this text)$/\1/p' "$WORK/gen4.err")
+[ -n "$seed" ] || { cat "$WORK/gen4.err"; fail "no seed printed without --seed"; }
+"${G[@]}" > /dev/null 2>"$WORK/gen5.err" || fail "mllm-generate again"
+grep -q "^mllm-generate: seed $seed " "$WORK/gen5.err" && fail "two calls drew the same seed $seed"
+"${G[@]}" --seed "$seed" > "$WORK/gen6" 2>"$WORK/gen6.err" || fail "mllm-generate --seed $seed"
+cmp -s "$WORK/gen4" "$WORK/gen6" || fail "--seed $seed did not repeat the text"
+grep -q "seed" "$WORK/gen6.err" && fail "a seed line although --seed was given"
+# A stop at end-of-text before --max-new-tokens is said, with the count; prompt characters
+# outside the vocabulary are warned about.
+"$MLLM_BIN/mllm-generate" --checkpoint "$OUT" --prompt "春☃" --max-new-tokens 300 --seed 5 \
+  > "$WORK/gen7" 2>"$WORK/gen7.err" || fail "mllm-generate with a snowman"
+grep -q "warning: 1 token(s) of the prompt are not in the checkpoint's vocabulary" "$WORK/gen7.err" ||
+  { cat "$WORK/gen7.err"; fail "no warning for the character outside the vocabulary"; }
+python3 - "$WORK/gen7" "$WORK/gen7.err" <<'PY' || fail "end-of-text note"
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read().rstrip("\n")
+err = open(sys.argv[2], encoding="utf-8").read()
+m = re.search(r"stopped at end-of-text after (\d+) of 300 new token\(s\)", err)
+n = len(text) - len("春☃")  # the character tokenizer: one character per token (specials: none)
+if m:
+    assert int(m.group(1)) < 300 and n <= int(m.group(1)), (m.group(0), n)
+else:
+    assert n >= 300, f"{n} characters and no end-of-text note"
+print("end-of-text:", m.group(0) if m else "no stop", "|", n, "characters")
+PY
 
 # Under mpirun: SIGUSR1 to mpirun reaches every rank (mpirun forwards it); all ranks stop after
 # the same step, save, and the job exits 0.
