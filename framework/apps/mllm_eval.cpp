@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
                  "run folder / checkpoints folder (uses `latest`)")->required();
   app.add_option("--corpus", corpus, ".txt or .jsonl files or globs to evaluate")->required();
   app.add_option("--text-field", text_field, ".jsonl field holding the text (default: the checkpoint's data.text_field)");
+  std::string invalid_utf8;
+  app.add_option("--invalid-utf8", invalid_utf8, "error or replace (with U+FFFD) for invalid UTF-8 in the corpus (default: the checkpoint's data.invalid_utf8)")
+      ->check(CLI::IsMember({"error", "replace"}));
   app.add_option("--seq-len", seq_len, "tokens of context per window (default: the checkpoint's data.seq_len)")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "windows per forward pass (default: the checkpoint's train.micro_batch)")->check(CLI::PositiveNumber);
   app.add_option("--device", device_setting, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
@@ -65,6 +68,10 @@ int main(int argc, char** argv) {
     mllm::DataConfig data = recipe.data;
     data.corpus = corpus;
     if (!text_field.empty()) data.text_field = text_field;
+    if (!invalid_utf8.empty()) data.invalid_utf8 = invalid_utf8;
+    // Errors about the corpus name this program's options, not the recipe keys.
+    data.corpus_option = "--corpus";
+    data.invalid_utf8_fix = "pass --invalid-utf8 replace";
     const int64_t window = seq_len > 0 ? seq_len : data.seq_len;
     const int64_t rows = batch > 0 ? batch : recipe.train.micro_batch;
 

@@ -10,6 +10,7 @@
 #include "mllm/distributed/communicator.h"
 #include "mllm/train/device.h"
 #include "mllm/train/app.h"
+#include "mllm/train/builtins.h"
 #include "mllm/train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
       std::cout << mllm::recipe_reference();
       return 0;
     }
+    mllm::register_builtins();  // the recipe's plugins are loaded: every name can be checked
+    mllm::check_component_names(recipe, overrides);
     if (print_recipe) {
       std::cout << mllm::to_yaml(recipe);
       return 0;

@@ -40,4 +40,28 @@ train 1 "$WORK/run" model.d_model=64 > "$WORK/log" 2>&1; code=$?
 set -e
 [ "$code" -eq 2 ] || fail "shape change: exit $code, expected 2"
 grep -q "model.d_model: checkpoint 32 -> recipe 64" "$WORK/log" || { cat "$WORK/log"; fail "difference not printed"; }
+
+# Errors name their real source (issue 31, item 6). expect2 LOG PATTERN CMD...: exit 2, PATTERN
+# in the output.
+expect2() {
+  local log=$1 pattern=$2; shift 2
+  set +e; "$@" > "$log" 2>&1; local code=$?; set -e
+  [ "$code" -eq 2 ] || { cat "$log"; fail "$*: exit $code, expected 2"; }
+  grep -qF -- "$pattern" "$log" || { cat "$log"; fail "$*: no '$pattern'"; }
+}
+# A component name given on the command line is blamed on it, and checked when the recipe is
+# read (--print-recipe too), not at training time.
+expect2 "$WORK/lama.log" "<command line> model.type=lama: model.type: unknown model 'lama' (did you mean 'llama'?)" \
+  "$MLLM_BIN/mllm-train" "$RECIPE" model.type=lama --print-recipe
+# A list of the wrong length says how long it was.
+expect2 "$WORK/betas.log" "expected list of 2 numbers, got a list of 1" \
+  "$MLLM_BIN/mllm-train" "$RECIPE" "optim.betas=[0.9]" --print-recipe
+# mllm-eval's corpus errors name its own options, not the recipe keys.
+expect2 "$WORK/eval1.log" "--corpus file '$WORK/none.txt' does not exist" \
+  "$MLLM_BIN/mllm-eval" --checkpoint "$WORK/run" --corpus "$WORK/none.txt"
+printf 'ok\nbad \xff line\n' > "$WORK/bad.txt"
+expect2 "$WORK/eval2.log" "fix the file or pass --invalid-utf8 replace" \
+  "$MLLM_BIN/mllm-eval" --checkpoint "$WORK/run" --corpus "$WORK/bad.txt"
+"$MLLM_BIN/mllm-eval" --checkpoint "$WORK/run" --corpus "$WORK/bad.txt" --invalid-utf8 replace \
+  > "$WORK/eval3.log" 2>&1 || { cat "$WORK/eval3.log"; fail "mllm-eval --invalid-utf8 replace"; }
 echo PASS

@@ -43,6 +43,9 @@ struct DataConfig {
   std::string text_field = "text";       // .jsonl field holding the document text
   std::string doc_separator = "line";    // .txt: line (one doc per line) | blank_line
   std::string invalid_utf8 = "error";    // error | replace (with U+FFFD)
+  // Not recipe keys: how errors name the two options above (mllm-eval names its own flags).
+  std::string corpus_option = "data.corpus";
+  std::string invalid_utf8_fix = "set data.invalid_utf8: replace";
   TokenizerConfig tokenizer;
   std::string cache_dir = "data/cache/mini";  // <cache_dir>/<data fingerprint>/: tokenizer + shards
   int64_t shard_tokens = 100000000;      // tokens per shard file at most (llm.c: 100M)

@@ -18,7 +18,7 @@ using Check = std::function<std::string(double)>;  // "" = ok, else "must be ...
   std::string got;
   if (!n.IsDefined() || n.IsNull()) got = "null";
   else if (n.IsScalar()) got = (n.Tag() == "!" ? "the string \"" + n.Scalar() + "\"" : "'" + n.Scalar() + "'");
-  else if (n.IsSequence()) got = "a list";
+  else if (n.IsSequence()) got = fmt::format("a list of {}", n.size());
   else got = "a mapping";
   throw std::invalid_argument("expected " + what + ", got " + got);
 }

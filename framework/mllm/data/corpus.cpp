@@ -65,8 +65,8 @@ std::string checked_utf8(std::string_view line, const std::string& path, int64_t
   if (bad == std::string_view::npos) return std::string(line);
   if (cfg.invalid_utf8 == "replace") return utf8_replace_invalid(line);
   throw DataError(fmt::format("{}:{}: invalid UTF-8 at byte {} (1-based) of the line (bytes {}); fix the "
-                              "file or set data.invalid_utf8: replace to substitute U+FFFD",
-                              path, number, bad + 1, hex_bytes(line, bad, 4)));
+                              "file or {} to substitute U+FFFD",
+                              path, number, bad + 1, hex_bytes(line, bad, 4), cfg.invalid_utf8_fix));
 }
 
 // The text field of a JSON-lines line through simdjson, which validates the JSON and its
@@ -408,8 +408,9 @@ void check_parquet_docs(CorpusChunk& c, const std::string& path, const DataConfi
         if (cfg.invalid_utf8 != "replace")
           throw DataError(fmt::format(
               "{}: row group {}, row {} (0-based): invalid UTF-8 at byte {} (1-based) of the text (bytes "
-              "{}); fix the file or set data.invalid_utf8: replace to substitute U+FFFD",
-              path, c.row_group, c.first_row + int64_t(i), bad + 1, hex_bytes(d, bad, 4)));
+              "{}); fix the file or {} to substitute U+FFFD",
+              path, c.row_group, c.first_row + int64_t(i), bad + 1, hex_bytes(d, bad, 4),
+              cfg.invalid_utf8_fix));
         d = utf8_replace_invalid(d);
       }
     }
@@ -645,9 +646,10 @@ CorpusStreamStats stream_corpus(const std::vector<std::string>& files, const Dat
   return stream_segments(files, whole_file_segments(files), cfg, threads, chunk_bytes, work, done);
 }
 
-std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns) {
+std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns,
+                                              const std::string& option) {
   if (patterns.empty())
-    throw DataError("data.corpus is empty; list the .txt or .jsonl files (or globs) to train on, "
+    throw DataError(option + " is empty; list the .txt or .jsonl files (or globs) to train on, "
                     "e.g. data.corpus: [data/tang300/*.jsonl]");
   std::vector<std::string> files;
   std::set<std::string> seen;
@@ -660,20 +662,20 @@ std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& pa
         for (size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
       ::globfree(&g);
       if (matches.empty())
-        throw DataError(fmt::format("data.corpus pattern '{}' matches no file (working directory "
+        throw DataError(fmt::format("{} pattern '{}' matches no file (working directory "
                                     "'{}'); check the path, or run launch/fetch-corpus.sh for "
                                     "data/full/",
-                                    pattern, std::filesystem::current_path().string()));
+                                    option, pattern, std::filesystem::current_path().string()));
     } else {
       matches.push_back(pattern);
     }
     for (const auto& f : matches) {
       std::error_code ec;
       if (!std::filesystem::is_regular_file(f, ec))
-        throw DataError(fmt::format("data.corpus file '{}' does not exist or is not a regular "
+        throw DataError(fmt::format("{} file '{}' does not exist or is not a regular "
                                     "file (working directory '{}')",
-                                    f, std::filesystem::current_path().string()));
-      corpus_file_kind(f);  // throws for a name mllm cannot read
+                                    option, f, std::filesystem::current_path().string()));
+      corpus_file_kind(f, option);  // throws for a name mllm cannot read
       // One file however it is spelled (./a, a, /abs/a, a link to it).
       const std::string key = std::filesystem::canonical(f, ec).string();
       if (seen.insert(ec ? f : key).second) files.push_back(f);
@@ -696,7 +698,7 @@ std::vector<std::string> read_corpus_file(const std::string& path, const DataCon
 }
 
 std::vector<std::string> read_corpus(const DataConfig& cfg, int64_t* bytes_read, int threads) {
-  const auto files = resolve_corpus_files(cfg.corpus);
+  const auto files = resolve_corpus_files(cfg.corpus, cfg.corpus_option);
   std::vector<std::string> docs;
   for (const auto& f : files) {
     auto part = read_corpus_file(f, cfg, bytes_read, threads);

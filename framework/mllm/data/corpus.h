@@ -18,8 +18,10 @@ namespace mllm {
 // Files of `patterns` (paths or glob(3) patterns, relative to the working directory), in list
 // order, each glob's matches sorted, duplicates dropped. Throws DataError when the list is
 // empty, a pattern matches nothing, a path is missing or not a regular file, or a file is not
-// .txt / .jsonl, plain or .gz / .zst (corpus_file_kind in input_file.h).
-std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns);
+// .txt / .jsonl, plain or .gz / .zst (corpus_file_kind in input_file.h); the errors name `option`
+// (the setting that gave the patterns: data.corpus, mllm-eval's --corpus).
+std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns,
+                                              const std::string& option = "data.corpus");
 
 // A unit of work of preparation: what one rank reads and encodes into one pair of piece files
 // (train, val). Segments are planned from the files alone (plan_segments), so the plan, and the

@@ -186,7 +186,7 @@ class ZstdSource : public ByteSource {
 
 }  // namespace
 
-CorpusFileKind corpus_file_kind(const std::string& path) {
+CorpusFileKind corpus_file_kind(const std::string& path, const std::string& option) {
   namespace fs = std::filesystem;
   fs::path p(path);
   CorpusFileKind kind;
@@ -200,10 +200,10 @@ CorpusFileKind corpus_file_kind(const std::string& path) {
     kind.format = ext.substr(1);
     return kind;
   }
-  throw DataError(fmt::format("data.corpus file '{}': mllm reads .txt (plain text) and .jsonl "
+  throw DataError(fmt::format("{} file '{}': mllm reads .txt (plain text) and .jsonl "
                               "(one JSON object per line), each also compressed as .gz or .zst "
                               "(e.g. .jsonl.zst), and .parquet (a string column); got '{}'",
-                              path, std::filesystem::path(path).filename().string()));
+                              option, path, std::filesystem::path(path).filename().string()));
 }
 
 std::unique_ptr<ByteSource> open_corpus_file(const std::string& path) {

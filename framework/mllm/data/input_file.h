@@ -16,8 +16,9 @@ struct CorpusFileKind {
   std::string compression;  // "", "gz" or "zst"
 };
 
-// The kind of `path`. Throws DataError naming the file and the accepted names for anything else.
-CorpusFileKind corpus_file_kind(const std::string& path);
+// The kind of `path`. Throws DataError naming the file, `option` (the setting that listed it) and
+// the accepted names for anything else.
+CorpusFileKind corpus_file_kind(const std::string& path, const std::string& option = "data.corpus");
 
 // Sequential reader of a corpus file's (decompressed) bytes.
 class ByteSource {

@@ -177,14 +177,18 @@ void drop_metrics_after(const std::string& path, int64_t step) {
   }
 }
 
-// Every registry name the recipe uses exists — checked before anything is written, so a typo
-// in model.type costs no data preparation and leaves no run folder behind.
-void check_component_names(const Recipe& r) {
+}  // namespace
+
+void check_component_names(const Recipe& r, const std::vector<std::string>& overrides) {
   auto check = [&](const auto& registry, const std::string& name, const std::string& key) {
     try {
       registry.require(name);
     } catch (const ConfigError& e) {
-      throw ConfigError(r.source + ": " + key + ": " + e.what());
+      // Blame the override that set the key, if one did (the last one wins, as when composing).
+      std::string where = r.source;
+      for (const auto& ov : overrides)
+        if (ov.rfind(key + "=", 0) == 0) where = "<command line> " + ov;
+      throw ConfigError(where + ": " + key + ": " + e.what());
     }
   };
   check(tokenizer_registry(), r.data.tokenizer.type, "data.tokenizer.type");
@@ -193,8 +197,6 @@ void check_component_names(const Recipe& r) {
   check(lr_schedule_registry(), r.schedule.type, "schedule.type");
   for (const auto& name : r.callbacks) check(callback_registry(), name, "callbacks");
 }
-
-}  // namespace
 
 const char* to_string(StopReason r) {
   switch (r) {

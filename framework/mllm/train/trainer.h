@@ -192,6 +192,14 @@ class Trainer {
   int64_t sync_debug_steps_ = 0;
 };
 
+// Every registry name the recipe uses (data.tokenizer.type, model.type, optim.type,
+// schedule.type, callbacks) exists, with the built-ins registered and the recipe's plugins
+// loaded. Throws ConfigError naming the key, the source — `<command line> KEY=VALUE` when one of
+// `overrides` set it, else the recipe file — and the known names with a did-you-mean. mllm-train
+// calls it as soon as the recipe is read (so --print-recipe refuses a typo too); the Trainer
+// again, before anything is written.
+void check_component_names(const Recipe& recipe, const std::vector<std::string>& overrides = {});
+
 // Threads per rank for train.threads: an explicit value (> 0) as given, with a warning when the
 // ranks of this node then run more threads than usable_cpus() (train/device.h); 0 = auto:
 // OMP_NUM_THREADS when set to a positive integer (launch/mpirun.sh sets it), else
