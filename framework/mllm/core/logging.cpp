@@ -1,6 +1,8 @@
 // spdlog set-up: per-rank console policy and per-rank log files.
 #include "mllm/core/logging.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +21,60 @@ namespace mllm {
 namespace {
 std::mutex g_log_error_mutex;
 std::string g_log_error;
+
+// The status line and the console log lines share this lock: a log line clears the status line,
+// prints, and draws it again (StatusAwareSink), so the two never end up on one line.
+std::mutex g_console_mutex;
+std::string g_status;  // guarded by g_console_mutex; "" = none shown
+
+class StatusAwareSink : public spdlog::sinks::sink {
+ public:
+  explicit StatusAwareSink(std::shared_ptr<spdlog::sinks::sink> inner) : inner_(std::move(inner)) {}
+  void log(const spdlog::details::log_msg& msg) override {
+    std::lock_guard<std::mutex> lock(g_console_mutex);
+    if (!g_status.empty()) std::fputs("\r\033[K", stderr);
+    inner_->log(msg);
+    inner_->flush();
+    // An error ends the run: the status line goes, so the error is the last thing on screen.
+    if (msg.level >= spdlog::level::err) g_status.clear();
+    if (!g_status.empty()) {
+      std::fputs(g_status.c_str(), stderr);
+      std::fflush(stderr);
+    }
+  }
+  void flush() override { inner_->flush(); }
+  void set_pattern(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> f) override { inner_->set_formatter(std::move(f)); }
+
+ private:
+  std::shared_ptr<spdlog::sinks::sink> inner_;
+};
+
+bool is_terminal_path(const std::string& path) {
+  return path.rfind("/dev/pts/", 0) == 0 || path.rfind("/dev/tty", 0) == 0;
+}
 }  // namespace
+
+bool console_is_terminal() {
+  static const bool terminal = [] {
+    if (::isatty(STDERR_FILENO)) return true;
+    if (!std::getenv("OMPI_COMM_WORLD_RANK")) return false;
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(fmt::format("/proc/{}/fd/2", ::getppid()), ec);
+    return !ec && is_terminal_path(target.string());
+  }();
+  return terminal;
+}
+
+void set_console_status(const std::string& line) {
+  if (!console_is_terminal()) return;
+  std::lock_guard<std::mutex> lock(g_console_mutex);
+  if (line.empty() && g_status.empty()) return;
+  std::fputs("\r\033[K", stderr);
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
+  g_status = line;
+}
 
 std::string resolve_log_level(const std::string& recipe_level) {
   const char* env = std::getenv("MLLM_LOG_LEVEL");
@@ -33,7 +88,7 @@ std::string resolve_log_level(const std::string& recipe_level) {
 
 void init_logging(int rank, int world_size, const std::string& level, const std::string& log_dir) {
   auto lvl = spdlog::level::from_str(level);
-  auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto console = std::make_shared<StatusAwareSink>(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   // Why only rank 0 at info: N ranks printing the same progress would bury the one line that
   // matters; warnings and errors from any rank still reach the terminal.
   console->set_level(rank == 0 ? lvl : std::max(lvl, spdlog::level::warn));

@@ -20,6 +20,16 @@ void init_logging(int rank, int world_size, const std::string& level,
 // Flushes every sink (before MPI_Abort / exit).
 void flush_logs();
 
+// True when this process's console is a terminal someone watches: stderr is a terminal, or the
+// process was started by an mpirun on this node whose own stderr is one (OpenMPI forwards the
+// ranks' output through pipes; /proc/<parent>/fd/2 says where mpirun's goes).
+bool console_is_terminal();
+// The console's status line (the progress bar): redrawn in place at the bottom of the terminal
+// (carriage return, clear to end of line, `line`); every console log line first clears it and
+// then draws it again below itself, so log lines and the bar never share a line. "" removes it. Writes nothing
+// when !console_is_terminal(). Never throws.
+void set_console_status(const std::string& line);
+
 // A duration for people: "42s", "3m05s", "2h07m" (seconds < 0 or not finite -> "?").
 std::string format_duration(double seconds);
 

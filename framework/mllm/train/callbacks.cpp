@@ -24,22 +24,17 @@ using json = nlohmann::json;
 bool due(int64_t step, int64_t every) { return every > 0 && step % every == 0; }
 
 // "step 120/2000 [=====>        ] 6% loss 3.214 lr 4.9e-04 12.3k tok/s eta 3m05s" on one
-// terminal line, redrawn in place (rank 0, only when stderr is a terminal).
+// terminal line below the log lines, redrawn in place (rank 0, when its console is a terminal,
+// also under mpirun: core/logging.h console_is_terminal, set_console_status).
 class ProgressCallback : public Callback {
  public:
-  explicit ProgressCallback(const Recipe& r)
-      : max_steps_(r.train.max_steps), log_every_(r.log.every_steps) {}
+  explicit ProgressCallback(const Recipe& r) : max_steps_(r.train.max_steps) {}
   void on_train_begin(Trainer& t) override {
-    enabled_ = t.comm().rank() == 0 && isatty(STDERR_FILENO);
+    enabled_ = t.comm().rank() == 0 && console_is_terminal();
     first_step_ = t.step();
   }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     if (!enabled_) return;
-    if (due(m.step, log_every_)) {
-      // Log lines follow on this step: leave them a clean line; the next step redraws.
-      fmt::print(stderr, "\r\033[K");
-      return;
-    }
     const int width = 24;
     const double frac = static_cast<double>(m.step) / static_cast<double>(max_steps_);
     const int filled = static_cast<int>(frac * width);
@@ -48,17 +43,16 @@ class ProgressCallback : public Callback {
     std::string bar(static_cast<std::size_t>(filled), '=');
     if (filled < width) bar += '>';
     bar.resize(width, ' ');
-    fmt::print(stderr, "\r\033[Kstep {}/{} [{}] {:3.0f}% loss {:.3f} lr {:.2e} {:.1f}k tok/s eta {}m{:02d}s",
-               m.step, max_steps_, bar, 100 * frac, m.loss, m.lr, m.tokens_per_s / 1000,
-               eta_s / 60, eta_s % 60);
-    std::fflush(stderr);
+    set_console_status(fmt::format("step {}/{} [{}] {:3.0f}% loss {:.3f} lr {:.2e} {:.1f}k tok/s "
+                                   "eta {}m{:02d}s", m.step, max_steps_, bar, 100 * frac, m.loss,
+                                   m.lr, m.tokens_per_s / 1000, eta_s / 60, eta_s % 60));
   }
   void on_train_end(Trainer&, StopReason) override {
-    if (enabled_) fmt::print(stderr, "\r\033[K");
+    if (enabled_) set_console_status("");
   }
 
  private:
-  int64_t max_steps_, log_every_;
+  int64_t max_steps_;
   int64_t first_step_ = 0;
   bool enabled_ = false;
 };
