@@ -3,7 +3,8 @@
 #   launch/mpirun.sh -np N [--threads T] [--dry-run] PROGRAM [ARGS...]
 # N ranks on this node with T threads each (OMP_NUM_THREADS; default cores / N, at least 1);
 # --oversubscribe only when N exceeds the cores; the allow-run-as-root variables only as root.
-# For several nodes use launch/slurm.sbatch (docs/multinode.md).
+# Ctrl-C or SIGTERM stops every rank with a checkpoint and exits 0, a second one aborts
+# (launch/clean-stop.sh). For several nodes use launch/slurm.sbatch (docs/multinode.md).
 set -euo pipefail
 
 # The option table drives the parser and --help: "flags|VALUE|help" (VALUE empty = a switch).
@@ -21,7 +22,7 @@ ENVIRONMENT=(
 )
 
 usage() {
-  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options:"
   local row flags value help
   for row in "${OPTIONS[@]}"; do
@@ -90,4 +91,5 @@ CMD=(env "${ENVS[@]}" "${MPIRUN:-mpirun}" "${FLAGS[@]}" "${EXTRA[@]}" "${PROGRAM
 printf -v SHOWN '%q ' "${CMD[@]}"
 echo "+ ${SHOWN% }" >&2
 [ "$DRY_RUN" = 1 ] && exit 0
-exec "${CMD[@]}"
+# Ctrl-C / SIGTERM: SIGUSR1 to mpirun, a checkpointed stop of every rank, exit 0 (clean-stop.sh).
+exec "$(dirname "$0")/clean-stop.sh" "${CMD[@]}"

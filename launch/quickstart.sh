@@ -15,3 +15,7 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target mllm-train mllm-prepare mllm-generate
 launch/fetch-corpus.sh
 launch/mpirun.sh -np "$NP" "$BUILD_DIR/bin/mllm-train" "$RECIPE" "$@"
+env_line="source launch/env.sh"
+[ "$BUILD_DIR" = build ] || env_line="MLLM_BUILD_DIR=$BUILD_DIR $env_line"
+echo "quickstart.sh: done. In a new shell at $(pwd): $env_line, then e.g." \
+  "mpirun -np $NP mllm-train $RECIPE (it resumes runs/ from their checkpoints)" >&2

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "mllm-train: train a decoder-only language model from a YAML recipe.\n"
       "Run under mpirun for data parallelism: mpirun -np 8 mllm-train recipes/mini.yaml\n"
+      "(in a new shell, `source launch/env.sh` first: PATH, OpenMPI settings, Ctrl-C = clean stop).\n"
+      "SIGUSR1/SIGTERM/SIGINT: a checkpoint at the end of the step, exit 0 (under mpirun: SIGUSR1).\n"
       "Exit codes: 0 done (also after a checkpointed early stop), 2 bad input (recipe, corpus,\n"
       "checkpoint), 1 anything else.",
       "mllm-train"};
