@@ -2,6 +2,8 @@
 // misplaced and mistyped keys with their source location, then checks cross-field rules.
 #include "mllm/core/recipe.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -195,8 +197,20 @@ Recipe build(const ComposedYaml& composed, const std::string& source, RecipePlug
 
 }  // namespace
 
+std::string share_dir() {
+  if (const char* env = std::getenv("MLLM_SHARE_DIR"); env && *env) return env;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return (exe.parent_path().parent_path() / "share" / "mllm").string();
+}
+
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  return build(compose_yaml(path, overrides), path, RecipePlugins::kLoad);
+  const std::string share = share_dir();
+  Recipe r = build(compose_yaml(path, overrides, share.empty() ? "" : share + "/recipes"), path,
+                   RecipePlugins::kLoad);
+  r.data.corpus_fallback_dir = share;
+  return r;
 }
 
 Recipe load_recipe_string(const std::string& yaml, const std::string& name,
@@ -311,7 +325,21 @@ std::string cell(const std::string& text) {
 std::string recipe_reference() {
   Recipe r;
   std::ostringstream os;
+  os << "## Paths\n\n"
+        "The recipe argument is a file (or NAME.yaml) in the working directory, else a bundled "
+        "recipe by name (`mllm-train mini`). `defaults:` entries are relative to the file that "
+        "lists them, else to the bundled recipes folder, so a copy of `recipes/mini.yaml` keeps "
+        "its `../configs/...` anywhere. Every other relative path is relative to the working "
+        "directory: what a run writes (`run.out_dir`, `data.cache_dir`), `plugins`, and "
+        "`data.corpus` / `data.sources` files; a corpus path that names no file there is looked "
+        "up in the bundled folder next (`<prefix>/share/mllm`; for a build tree, the checkout, "
+        "where `launch/fetch-corpus.sh` puts `data/full/`), so a bundled recipe runs from any "
+        "folder. `MLLM_SHARE_DIR` names another bundled folder.\n\n"
+        "## Keys\n\n";
   os << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  os << "| `defaults` | list of strings | `[]` | recipe files merged first, in order (each with "
+        "`defaults:` of its own, e.g. a bundled recipe), then this file on top, the command line "
+        "last; maps merge key by key, lists and scalars replace |\n";
   visit_keys(detail::recipe_schema(r), "", [&](const std::string& p, const KeySpec& k) {
     os << "| `" << p << "` | " << cell(k.type) << " | `" << cell(flow_text(k)) << "` | "
        << cell(k.help) << " |\n";

@@ -39,6 +39,7 @@ struct DataSource {
 
 struct DataConfig {
   std::vector<std::string> corpus;       // .txt / .jsonl / .parquet files or globs, relative to cwd
+                                         // (then to corpus_fallback_dir)
   std::vector<DataSource> sources;       // a mixture instead of data.corpus (empty = none)
   std::string text_field = "text";       // .jsonl field holding the document text
   std::string doc_separator = "line";    // .txt: line (one doc per line) | blank_line
@@ -46,6 +47,10 @@ struct DataConfig {
   // Not recipe keys: how errors name the two options above (mllm-eval names its own flags).
   std::string corpus_option = "data.corpus";
   std::string invalid_utf8_fix = "set data.invalid_utf8: replace";
+  // Not a recipe key: where a relative corpus path that matches nothing in the working directory
+  // is looked up next (load_recipe: share_dir(), so a bundled recipe runs from any folder); ""
+  // = the working directory only.
+  std::string corpus_fallback_dir;
   TokenizerConfig tokenizer;
   std::string cache_dir = "data/cache/mini";  // <cache_dir>/<data fingerprint>/: tokenizer + shards
   int64_t shard_tokens = 100000000;      // tokens per shard file at most (llm.c: 100M)
@@ -187,8 +192,15 @@ struct Recipe {
   }
 };
 
+// The folder with the bundled recipes/, configs/ and data/: $MLLM_SHARE_DIR when set, else
+// <folder of this program>/../share/mllm (an install: <prefix>/share/mllm; the build tree links
+// build/share/mllm/{recipes,configs,data} to the sources); "" when /proc/self/exe is unreadable.
+std::string share_dir();
+
 // Loads, composes (defaults < file < overrides) and validates a recipe. Throws ConfigError
 // naming file:line:col, the key path and what was expected (with a did-you-mean for typos).
+// Relative paths (docs/recipe.md, "Paths"): `defaults:` entries against the listing file, else
+// share_dir()/recipes; the recipe's data.corpus_fallback_dir is share_dir().
 // The `plugins:` it lists are loaded (load_plugins) before the rest is read, because a plugin's
 // components declare recipe keys of their own (options.h).
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -116,19 +116,21 @@ YAML::Node parse_text(const std::string& text, const std::string& name) {
   }
 }
 
-std::string read_file(const std::string& path, const std::string& included_from) {
+std::string read_file(const std::string& path, const std::string& included_from,
+                      const std::string& also_tried = "") {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ConfigError("cannot read recipe file '" + path + "'" +
                       (included_from.empty() ? "" : " (listed in defaults: of " + included_from + ")") +
-                      ": " + (fs::exists(path) ? "permission denied or not a file" : "no such file"));
+                      ": " + (fs::exists(path) ? "permission denied or not a file" : "no such file") +
+                      (also_tried.empty() ? "" : ", nor '" + also_tried + "' (the bundled recipes folder)"));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
 void compose_node(const YAML::Node& doc, const std::string& name, const fs::path& base_dir,
-                  std::vector<std::string>& stack, ComposedYaml& out) {
+                  const fs::path& fallback_dir, std::vector<std::string>& stack, ComposedYaml& out) {
   YAML::Node defaults = doc["defaults"];
   if (defaults.IsDefined() && !defaults.IsNull()) {
     if (!defaults.IsSequence() && !defaults.IsScalar())
@@ -144,6 +146,15 @@ void compose_node(const YAML::Node& doc, const std::string& name, const fs::path
       }
     for (const auto& item : items) {
       fs::path p = fs::path(item).is_absolute() ? fs::path(item) : base_dir / item;
+      // Not next to the file that lists it: the bundled recipes folder's (a copy of a bundled
+      // recipe keeps its `../configs/...`).
+      std::string also_tried;
+      std::error_code ec;
+      if (!fs::path(item).is_absolute() && !fallback_dir.empty() && !fs::exists(p, ec)) {
+        const fs::path q = fallback_dir / item;
+        if (fs::exists(q, ec)) p = q;
+        else also_tried = q.lexically_normal().string();
+      }
       std::string canon = fs::weakly_canonical(p).string();
       for (const auto& s : stack)
         if (s == canon) {
@@ -151,10 +162,10 @@ void compose_node(const YAML::Node& doc, const std::string& name, const fs::path
           for (const auto& c : stack) chain += c + " -> ";
           throw ConfigError(loc_of(name, defaults).str() + ": include cycle: " + chain + canon);
         }
-      std::string text = read_file(p.string(), name);
+      std::string text = read_file(p.string(), name, also_tried);
       YAML::Node sub = parse_text(text, p.string());
       stack.push_back(canon);
-      compose_node(sub, p.string(), p.parent_path(), stack, out);
+      compose_node(sub, p.string(), p.parent_path(), fallback_dir, stack, out);
       stack.pop_back();
       out.files.push_back(p.string());
     }
@@ -208,20 +219,23 @@ void apply_override(const std::string& ov, std::size_t index, ComposedYaml& out)
 
 ComposedYaml compose_yaml_string(const std::string& text, const std::string& name,
                                  const std::string& base_dir,
-                                 const std::vector<std::string>& overrides) {
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& fallback_dir) {
   ComposedYaml out;
   out.root = YAML::Node(YAML::NodeType::Map);
   YAML::Node doc = parse_text(text, name);
   std::vector<std::string> stack{fs::weakly_canonical(fs::path(name)).string()};
-  compose_node(doc, name, fs::path(base_dir), stack, out);
+  compose_node(doc, name, fs::path(base_dir), fs::path(fallback_dir), stack, out);
   out.files.push_back(name);
   for (std::size_t i = 0; i < overrides.size(); ++i) apply_override(overrides[i], i, out);
   return out;
 }
 
-ComposedYaml compose_yaml(const std::string& path, const std::vector<std::string>& overrides) {
+ComposedYaml compose_yaml(const std::string& path, const std::vector<std::string>& overrides,
+                          const std::string& fallback_dir) {
   std::string text = read_file(path, "");
-  return compose_yaml_string(text, path, fs::path(path).parent_path().string(), overrides);
+  return compose_yaml_string(text, path, fs::path(path).parent_path().string(), overrides,
+                             fallback_dir);
 }
 
 }  // namespace mllm

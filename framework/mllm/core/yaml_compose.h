@@ -30,13 +30,17 @@ struct ComposedYaml {
 // Loads `path`, merging its `defaults:` (paths relative to the including file, nested,
 // merged in order, the including file on top; maps merge key by key, scalars and lists
 // replace), then applies `overrides` ("a.b.c=value", value parsed as YAML: `3e-4`, `true`,
-// `[a,b]`). Throws ConfigError for a missing/unreadable file, a YAML syntax error
+// `[a,b]`). A relative `defaults:` entry with no file next to the including file is taken
+// from `fallback_dir` when it has one (load_recipe: the bundled recipes folder). Throws
+// ConfigError for a missing/unreadable file (naming both places tried), a YAML syntax error
 // (file:line:col), an include cycle (the chain), a non-map document, or a malformed override.
-ComposedYaml compose_yaml(const std::string& path, const std::vector<std::string>& overrides);
+ComposedYaml compose_yaml(const std::string& path, const std::vector<std::string>& overrides,
+                          const std::string& fallback_dir = "");
 
 // Same, from an in-memory YAML text (includes resolved relative to `base_dir`).
 ComposedYaml compose_yaml_string(const std::string& text, const std::string& name,
                                  const std::string& base_dir,
-                                 const std::vector<std::string>& overrides);
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& fallback_dir = "");
 
 }  // namespace mllm

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <glob.h>
 #include <simdjson.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -646,35 +647,69 @@ CorpusStreamStats stream_corpus(const std::vector<std::string>& files, const Dat
   return stream_segments(files, whole_file_segments(files), cfg, threads, chunk_bytes, work, done);
 }
 
+namespace {
+
+// The files `pattern` names, relative to the working directory: its glob(3) matches (sorted),
+// or the path itself; empty when a glob matches nothing.
+std::vector<std::string> expand_pattern(const std::string& pattern) {
+  std::vector<std::string> matches;
+  if (!has_glob_chars(pattern)) return {pattern};
+  glob_t g{};
+  if (::glob(pattern.c_str(), GLOB_ERR, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  return matches;
+}
+
+bool names_files(const std::vector<std::string>& matches) {
+  std::error_code ec;
+  return !matches.empty() && std::filesystem::is_regular_file(matches.front(), ec);
+}
+
+}  // namespace
+
 std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns,
-                                              const std::string& option) {
+                                              const std::string& option,
+                                              const std::string& fallback_dir) {
   if (patterns.empty())
     throw DataError(option + " is empty; list the .txt or .jsonl files (or globs) to train on, "
                     "e.g. data.corpus: [data/tang300/*.jsonl]");
   std::vector<std::string> files;
   std::set<std::string> seen;
+  const std::string cwd = std::filesystem::current_path().string();
   for (const auto& pattern : patterns) {
-    std::vector<std::string> matches;
-    if (has_glob_chars(pattern)) {
-      glob_t g{};
-      const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
-      if (rc == 0)
-        for (size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
-      ::globfree(&g);
-      if (matches.empty())
-        throw DataError(fmt::format("{} pattern '{}' matches no file (working directory "
-                                    "'{}'); check the path, or run launch/fetch-corpus.sh for "
-                                    "data/full/",
-                                    option, pattern, std::filesystem::current_path().string()));
-    } else {
-      matches.push_back(pattern);
+    std::vector<std::string> matches = expand_pattern(pattern);
+    // Nothing in the working directory: the bundled folder's (a bundled recipe's data/...).
+    std::string where = fmt::format("working directory '{}'", cwd);
+    if (!names_files(matches) && !fallback_dir.empty() &&
+        !std::filesystem::path(pattern).is_absolute()) {
+      const std::string there = (std::filesystem::path(fallback_dir) / pattern).string();
+      std::vector<std::string> bundled = expand_pattern(there);
+      if (names_files(bundled)) {
+        // Said once per process (preparation and training both resolve the corpus).
+        static std::mutex said_mutex;
+        static std::set<std::string> said;
+        std::lock_guard<std::mutex> lock(said_mutex);
+        if (said.insert(there).second)
+          spdlog::info("{} '{}': not in the working directory, taken from the bundled folder {}",
+                       option, pattern, fallback_dir);
+        matches = std::move(bundled);
+      } else {
+        where += fmt::format(", nor the bundled folder '{}'", fallback_dir);
+      }
     }
+    if (matches.empty())
+      throw DataError(fmt::format("{} pattern '{}' matches no file ({}); check the path, or run "
+                                  "launch/fetch-corpus.sh for data/full/",
+                                  option, pattern, where));
     for (const auto& f : matches) {
       std::error_code ec;
       if (!std::filesystem::is_regular_file(f, ec))
-        throw DataError(fmt::format("{} file '{}' does not exist or is not a regular "
-                                    "file (working directory '{}')",
-                                    option, f, std::filesystem::current_path().string()));
+        throw DataError(fmt::format("{} file '{}' does not exist or is not a regular file ({}){}",
+                                    option, f, where,
+                                    f.rfind("data/full/", 0) == 0
+                                        ? "; launch/fetch-corpus.sh puts the Tang corpus there"
+                                        : ""));
       corpus_file_kind(f, option);  // throws for a name mllm cannot read
       // One file however it is spelled (./a, a, /abs/a, a link to it).
       const std::string key = std::filesystem::canonical(f, ec).string();
@@ -698,7 +733,7 @@ std::vector<std::string> read_corpus_file(const std::string& path, const DataCon
 }
 
 std::vector<std::string> read_corpus(const DataConfig& cfg, int64_t* bytes_read, int threads) {
-  const auto files = resolve_corpus_files(cfg.corpus, cfg.corpus_option);
+  const auto files = resolve_corpus_files(cfg.corpus, cfg.corpus_option, cfg.corpus_fallback_dir);
   std::vector<std::string> docs;
   for (const auto& f : files) {
     auto part = read_corpus_file(f, cfg, bytes_read, threads);

@@ -15,13 +15,16 @@
 
 namespace mllm {
 
-// Files of `patterns` (paths or glob(3) patterns, relative to the working directory), in list
-// order, each glob's matches sorted, duplicates dropped. Throws DataError when the list is
-// empty, a pattern matches nothing, a path is missing or not a regular file, or a file is not
-// .txt / .jsonl, plain or .gz / .zst (corpus_file_kind in input_file.h); the errors name `option`
-// (the setting that gave the patterns: data.corpus, mllm-eval's --corpus).
+// Files of `patterns` (paths or glob(3) patterns, relative to the working directory; a relative
+// one that names no file there is taken from `fallback_dir` when it names files there, with an
+// info line), in list order, each glob's matches sorted, duplicates dropped. Throws DataError
+// when the list is empty, a pattern matches nothing, a path is missing or not a regular file
+// (naming every folder tried), or a file is not .txt / .jsonl, plain or .gz / .zst
+// (corpus_file_kind in input_file.h); the errors name `option` (the setting that gave the
+// patterns: data.corpus, mllm-eval's --corpus).
 std::vector<std::string> resolve_corpus_files(const std::vector<std::string>& patterns,
-                                              const std::string& option = "data.corpus");
+                                              const std::string& option = "data.corpus",
+                                              const std::string& fallback_dir = "");
 
 // A unit of work of preparation: what one rank reads and encodes into one pair of piece files
 // (train, val). Segments are planned from the files alone (plan_segments), so the plan, and the

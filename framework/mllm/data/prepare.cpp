@@ -131,7 +131,7 @@ Sources resolve_sources(const DataConfig& cfg) {
   Sources s;
   s.mixture = !cfg.sources.empty();
   if (!s.mixture) {
-    s.files = resolve_corpus_files(cfg.corpus);
+    s.files = resolve_corpus_files(cfg.corpus, cfg.corpus_option, cfg.corpus_fallback_dir);
     s.first_file = {0, s.files.size()};
     return s;
   }
@@ -139,7 +139,7 @@ Sources resolve_sources(const DataConfig& cfg) {
   for (size_t k = 0; k < cfg.sources.size(); ++k) {
     std::vector<std::string> files;
     try {
-      files = resolve_corpus_files(cfg.sources[k].corpus);
+      files = resolve_corpus_files(cfg.sources[k].corpus, "data.corpus", cfg.corpus_fallback_dir);
     } catch (const DataError& e) {
       throw DataError(fmt::format("data.sources[{}] ({}): {}", k, cfg.sources[k].name, e.what()));
     }

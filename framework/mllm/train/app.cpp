@@ -14,6 +14,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/core/logging.h"
+#include "mllm/core/recipe.h"
 #include "mllm/distributed/communicator.h"
 
 #ifndef OMPI_SKIP_MPICXX
@@ -32,14 +33,6 @@ std::pair<int, int> launcher_rank_and_size() {
     if (rank && size) return {std::atoi(rank), std::atoi(size)};
   }
   return {0, 1};
-}
-
-std::string share_dir() {
-  if (const char* env = std::getenv("MLLM_SHARE_DIR"); env && *env) return env;
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  return (exe.parent_path().parent_path() / "share" / "mllm").string();
 }
 
 std::string resolve_recipe_path(const std::string& arg) {

@@ -26,15 +26,10 @@ int report_error(const char* program);
 // is initialised; {0, 1} when not launched by one.
 std::pair<int, int> launcher_rank_and_size();
 
-// The folder with the bundled recipes/ and configs/: $MLLM_SHARE_DIR when set, else
-// <folder of this program>/../share/mllm (an install: <prefix>/share/mllm; the build tree links
-// build/share/mllm/{recipes,configs} to the sources).
-std::string share_dir();
-
 // The recipe file a program argument names: `arg` itself when that file exists, else <arg>.yaml;
-// otherwise, when `arg` names no folder, the bundled share_dir()/recipes/<arg> or <arg>.yaml (so
-// an installed `mllm-train mini` works from any folder). Throws ConfigError naming what was tried and the
-// bundled recipes when none exists.
+// otherwise, when `arg` names no folder, the bundled share_dir()/recipes/<arg> or <arg>.yaml
+// (share_dir(): core/recipe.h), so `mllm-train mini` works from any folder. Throws ConfigError
+// naming what was tried and the bundled recipes when none exists.
 std::string resolve_recipe_path(const std::string& arg);
 
 }  // namespace mllm

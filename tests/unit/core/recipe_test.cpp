@@ -42,6 +42,7 @@ class TempDir {
     std::ofstream(p) << text;
     return p.string();
   }
+  std::string path() const { return path_.string(); }
 
  private:
   fs::path path_;
@@ -209,6 +210,39 @@ TEST(Recipe, IncludePrecedenceAndNesting) {
   EXPECT_DOUBLE_EQ(r.optim.lr, 2e-3);    // the recipe beats its defaults
   EXPECT_DOUBLE_EQ(r.optim.weight_decay, 0.125);  // the command line beats everything
   EXPECT_EQ(r.data.corpus, (std::vector<std::string>{"b.txt", "c.txt"}));
+}
+
+// A copy of a bundled recipe elsewhere keeps its relative `defaults:`: what is not next to the
+// copy comes from the bundled recipes folder (MLLM_SHARE_DIR/recipes); a file next to the copy
+// still wins, and a file in neither place is reported with both paths.
+TEST(Recipe, DefaultsFallBackToTheBundledRecipesFolder) {
+  TempDir share, elsewhere;
+  share.write("configs/model/tiny.yaml", "model: {d_model: 64, n_heads: 2}\n");
+  share.write("recipes/r.yaml", "defaults: [../configs/model/tiny.yaml]\ndata: {corpus: [a.txt]}\n");
+  const std::string copy = elsewhere.write("exp/r.yaml",
+                                           "defaults: [../configs/model/tiny.yaml]\n"
+                                           "data: {corpus: [a.txt]}\n");
+  const std::string share_root = share.path();
+  ::setenv("MLLM_SHARE_DIR", share_root.c_str(), 1);
+  EXPECT_EQ(mllm::share_dir(), share_root);
+  auto r = load_recipe(copy);
+  EXPECT_EQ(r.model.d_model, 64);
+  EXPECT_EQ(r.data.corpus_fallback_dir, share_root);
+  elsewhere.write("configs/model/tiny.yaml", "model: {d_model: 32, n_heads: 2}\n");
+  EXPECT_EQ(load_recipe(copy).model.d_model, 32);  // next to the file first
+  const std::string missing = elsewhere.write("exp/m.yaml", "defaults: [../configs/nope.yaml]\n");
+  try {
+    load_recipe(missing);
+    ADD_FAILURE() << "loaded a recipe whose defaults: exist nowhere";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cannot read recipe file '" + elsewhere.path() + "/exp/../configs/nope.yaml'"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("no such file, nor '" + share_root +
+                       "/configs/nope.yaml' (the bundled recipes folder)"),
+              std::string::npos) << msg;
+  }
+  ::unsetenv("MLLM_SHARE_DIR");
 }
 
 TEST(Recipe, ErrorInIncludeNamesThatFile) {
