@@ -4,7 +4,8 @@
 //                           shared mllm::Attention) with a GeLU feed-forward whose width is
 //                           model.options.expansion x d_model.
 //   callbacks: [loss_ema]   an exponential moving average of the training loss, written every
-//                           loss_ema.every steps to <run.out_dir>/loss_ema.jsonl by rank 0.
+//                           loss_ema.every steps to <run.out_dir>/loss_ema.jsonl by rank 0, and
+//                           beside each evaluation's val loss (the on_eval_end hook).
 //
 // Recipe: gelu.yaml. Walkthrough: docs/plugins.md in the mllm sources.
 #include <cmath>
@@ -153,6 +154,9 @@ std::shared_ptr<mllm::LanguageModel> make_gelu_mini(const mllm::ModelConfig& c, 
 class LossEma : public mllm::Callback {
  public:
   explicit LossEma(const mllm::Options& o) : every_(o.integer("every")), beta_(o.number("beta")) {}
+  // With metrics and eval, before the checkpoint: listed before eval in `callbacks:`, its
+  // on_step_end has taken in the step's loss when that step's evaluation reaches on_eval_end.
+  mllm::CallbackPhase phase() const override { return mllm::CallbackPhase::kBeforeSave; }
 
   void on_step_end(mllm::Trainer& t, const mllm::StepMetrics& m) override {
     if (m.skipped) return;
@@ -164,6 +168,15 @@ class LossEma : public mllm::Callback {
                        ema_);
     if (!out) throw mllm::Error("cannot write " + t.run_dir() + "/loss_ema.jsonl");
     spdlog::info("loss_ema: step {} loss {:.4f} ema {:.4f}", m.step, m.loss, ema_);
+  }
+
+  // Each evaluation: the val loss beside the smoothed train loss (their gap shows overfitting).
+  void on_eval_end(mllm::Trainer& t, const mllm::EvalMetrics& e) override {
+    if (t.comm().rank() != 0) return;
+    std::ofstream out(t.run_dir() + "/loss_ema.jsonl", std::ios::app);
+    out << fmt::format("{{\"step\": {}, \"val_loss\": {:.9g}, \"loss_ema\": {:.9g}}}\n", e.step,
+                       e.val_loss, ema_);
+    if (!out) throw mllm::Error("cannot write " + t.run_dir() + "/loss_ema.jsonl");
   }
 
  private:

@@ -103,10 +103,21 @@ for s in range(1, 41):
     ema = loss[s] if ema is None else 0.8 * ema + 0.2 * loss[s]
     if s % 5 == 0:
         expect[s] = ema
-got = {o["step"]: o["loss_ema"] for o in map(json.loads, open(run + "/loss_ema.jsonl"))}
+lines = [json.loads(l) for l in open(run + "/loss_ema.jsonl")]
+got = {o["step"]: o["loss_ema"] for o in lines if "loss" in o}
 assert sorted(got) == sorted(expect), (sorted(got), sorted(expect))
 for s in expect:
     assert abs(got[s] - expect[s]) <= 1e-5 * abs(expect[s]), (s, got[s], expect[s])
+# The eval hook (on_eval_end): each evaluation of metrics.jsonl, with the average at that step.
+val = {o["step"]: o["val_loss"] for o in map(json.loads, open(run + "/metrics.jsonl")) if "val_loss" in o}
+seen = {o["step"]: o for o in lines if "val_loss" in o}
+assert sorted(seen) == sorted(val) == [20, 40], (sorted(seen), sorted(val))
+for s in val:
+    assert abs(seen[s]["val_loss"] - val[s]) <= 1e-6 * val[s], (s, seen[s], val[s])
+    ema = None
+    for k in range(1, s + 1):
+        ema = loss[k] if ema is None else 0.8 * ema + 0.2 * loss[k]
+    assert abs(seen[s]["loss_ema"] - ema) <= 1e-5 * ema, (s, seen[s], ema)
 assert loss[40] < loss[1] - 0.5, (loss[1], loss[40])
 print("loss_ema matches at", sorted(got), "; loss", loss[1], "->", loss[40])
 PY

@@ -426,8 +426,10 @@ KeySpec recipe_schema(Recipe& r) {
   auto& o = r.optim;
   KeySpec root = section("", "recipe", {
       key("plugins", r.plugins, "shared libraries (.so) dlopen'ed before building; they register components"),
-      key("callbacks", r.callbacks, "training callbacks by registry name; metrics and eval run before "
-          "checkpoint, samples and plugin callbacks after it, recipe order within each"),
+      key("callbacks", r.callbacks, "training callbacks by registry name (the whole list: it replaces "
+          "the default); metrics and eval run before checkpoint, samples, progress and plugin "
+          "callbacks after it unless their phase() says otherwise, recipe order within each "
+          "(docs/extending.md)"),
       section("run", "run identity and output", {
           key("name", r.run.name, "run name (logs, metrics)"),
           key("out_dir", r.run.out_dir, "run folder: resolved recipe, logs, metrics, samples, checkpoints"),

@@ -34,6 +34,15 @@ struct StepMetrics {
   std::vector<std::pair<std::string, int64_t>> source_tokens;
 };
 
+// Result of one evaluation (Trainer::evaluate): mean loss over every real target token of the
+// eval.batches val batches, split across ranks, the same on every rank.
+struct EvalMetrics {
+  int64_t step = 0;      // optimizer steps completed when it ran
+  double val_loss = 0;   // nats per target token
+  double val_ppl = 0;    // exp(val_loss)
+  int64_t tokens = 0;    // target tokens evaluated, all ranks
+};
+
 // When a callback runs among the others after each step and at the end of the run:
 // kBeforeSave (metrics, eval: a non-finite val loss stops the run before it is saved), then
 // kSave (checkpoint), then kAfterSave (samples, progress; the default) — so an error in
@@ -44,11 +53,22 @@ enum class CallbackPhase { kBeforeSave = 0, kSave = 1, kAfterSave = 2 };
 enum class StopReason { kMaxSteps, kStopAtStep, kTimeLimit, kSignal };
 const char* to_string(StopReason r);
 
+// The hooks, called on every rank in phase order (docs/extending.md: when each runs, what a
+// callback may call). A hook that throws ends the run with that error (mllm-train exits 1, or
+// 2 for bad input); the checkpoints already saved stay.
 class Callback {
  public:
   virtual ~Callback() = default;
+  // Once, after the Trainer is built and resumed (t.step() is the resumed step, 0 if fresh),
+  // before the first step.
   virtual void on_train_begin(Trainer&) {}
+  // After every optimizer step (a skipped update too: m.skipped), with that step's metrics.
   virtual void on_step_end(Trainer&, const StepMetrics&) {}
+  // After each evaluation with a finite val loss (the eval callback's, every eval.every_steps
+  // and at the end; any Trainer::evaluate() call), before the eval callback logs it. Must not
+  // call Trainer::evaluate() itself.
+  virtual void on_eval_end(Trainer&, const EvalMetrics&) {}
+  // Once, when the loop ends (why: StopReason), before the process exits; not after an error.
   virtual void on_train_end(Trainer&, StopReason) {}
   virtual CallbackPhase phase() const { return CallbackPhase::kAfterSave; }
 };

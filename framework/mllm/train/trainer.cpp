@@ -997,6 +997,7 @@ EvalMetrics Trainer::evaluate() {
     throw Error(fmt::format("val loss is {} at step {}: the weights have diverged; this step is "
                             "not saved. Lower optim.lr (it may change on resume) and resume "
                             "from the last checkpoint", e.val_loss, e.step));
+  for (auto& cb : callbacks_) cb->on_eval_end(*this, e);
   return e;
 }
 

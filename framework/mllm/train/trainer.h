@@ -37,14 +37,6 @@ class TensorBoardWriter;
 
 namespace mllm {
 
-// Result of one evaluation: mean loss over every real target token of the val batches seen.
-struct EvalMetrics {
-  int64_t step = 0;
-  double val_loss = 0;   // nats per token
-  double val_ppl = 0;    // exp(val_loss)
-  int64_t tokens = 0;    // target tokens evaluated, all ranks
-};
-
 class Trainer {
  public:
   // Validates the recipe for comm's world size, locks the run folder (rank 0; RunFolderLock),
@@ -72,7 +64,7 @@ class Trainer {
   // split across ranks (the same sequences at any world size; data/sampler.h). Throws DataError
   // if the val shard has no sequence, and mllm::Error when the val loss is not finite (the
   // weights diverged: the callbacks then never save this step, `latest` stays on the last
-  // finite checkpoint).
+  // finite checkpoint). A finite result goes to every callback's on_eval_end before it returns.
   EvalMetrics evaluate();
   // Collective: hashes (CRC-32 of the bytes) every parameter and optimizer-state tensor on each
   // rank and compares them with rank 0's. Throws mllm::Error naming the first differing rank
