@@ -22,7 +22,7 @@ ENVIRONMENT=(
 )
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options:"
   local row flags value help
   for row in "${OPTIONS[@]}"; do

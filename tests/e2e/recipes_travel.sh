@@ -32,6 +32,19 @@ grep -q "data.corpus 'data/tang300/tang300.jsonl': not in the working directory,
 ls data/cache/tang-char/*/ > /dev/null || fail "the cache is not under the working directory"
 [ ! -e "$SHARE/runs" ] || fail "wrote into the bundled folder"
 
+# A corpus of another script: the bundled recipe's Chinese sample prompts are warned about once.
+python3 -c "
+import random
+random.seed(3)
+words = 'the quick brown fox jumps over a lazy dog while rain falls on quiet hills'.split()
+for _ in range(400): print(' '.join(random.choice(words) for _ in range(12)))" > en.txt
+"$MLLM_BIN/mllm-train" mini "data.corpus=[en.txt]" data.cache_dir=en-cache run.out_dir=en \
+  train.max_steps=1 eval.every_steps=0 sample.every_steps=0 callbacks=[metrics,samples] > en.log 2>&1 ||
+  { tail -20 en.log; fail "mllm-train mini on an English corpus"; }
+grep -q "sample.prompts\[1\] '床前明月光': 5 token(s) not in the vocabulary become <UNK>" en.log ||
+  { grep -i "sample" en.log; fail "no warning for prompts outside the vocabulary"; }
+[ "$(grep -c "not in the vocabulary become <UNK>" en.log)" -eq 2 ] || fail "not one warning per prompt"
+
 # Found nowhere: both places named, exit 2, nothing trained.
 set +e
 "$MLLM_BIN/mllm-train" mini "data.corpus=[data/nope.jsonl]" run.out_dir=nope > nope.log 2>&1; rc=$?

@@ -1,6 +1,7 @@
 // Built-in callbacks: progress bar, metrics (console + metrics.jsonl), eval, samples, checkpoint.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -158,6 +159,19 @@ class EvalCallback : public Callback {
 class SamplesCallback : public Callback {
  public:
   explicit SamplesCallback(const Recipe& r) : every_(r.sample.every_steps) {}
+  // A prompt the tokenizer cannot spell (characters of another corpus) is said once, up front.
+  void on_train_begin(Trainer& t) override {
+    if (t.comm().rank() != 0) return;
+    const auto& prompts = t.recipe().sample.prompts;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto ids = t.tokenizer().encode(prompts[i]);
+      const auto unk = std::count(ids.begin(), ids.end(), kUnkId);
+      if (unk > 0)
+        spdlog::warn("sample.prompts[{}] '{}': {} token(s) not in the vocabulary become <UNK>, so "
+                     "its samples start from them; give prompts in this corpus's text",
+                     i, prompts[i], unk);
+    }
+  }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     if (due(m.step, every_) && m.step != t.recipe().train.max_steps) sample(t);
   }
