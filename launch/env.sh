@@ -3,11 +3,12 @@
 # card's command then runs as typed,
 #   mpirun -np 8 mllm-train recipes/mini.yaml
 # It puts this checkout's programs on PATH (MLLM_BUILD_DIR/bin; MLLM_BUILD_DIR: default build,
-# relative to the checkout or absolute; PREFIX/bin for an installed copy), sets the OpenMPI settings one machine needs (as root:
-# the two allow-run-as-root variables; more ranks than cores allowed; no core binding, as
-# launch/mpirun.sh: train.threads sizes each rank's threads), and makes `mpirun` a function that
-# runs the real one through launch/clean-stop.sh, so that Ctrl-C stops every rank with a
-# checkpoint and mpirun exits 0 (plain mpirun kills the ranks a second later and exits 1).
+# relative to the checkout or absolute; PREFIX/bin for an installed copy), sets the OpenMPI
+# settings one machine needs (as root: the two allow-run-as-root variables; more ranks than
+# cores allowed; no core binding, as launch/mpirun.sh: train.threads sizes each rank's
+# threads), and makes `mpirun` a function that runs the real one through launch/clean-stop.sh,
+# so that Ctrl-C stops every rank with a checkpoint and mpirun exits 0 (plain mpirun kills the
+# ranks a second later and exits 1).
 # `command mpirun` is the plain one. Sourcing it again changes nothing more.
 if [ -n "${BASH_VERSION:-}" ]; then
   MLLM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
