@@ -110,4 +110,26 @@ grep -q "profile.steps: steps 3..4 traced into .*rank_00.json" "$WORK/crash.log"
 line=$(grep -m1 "MFU peak" "$OUT/logs/rank_00.log")
 echo "$line"
 grep -qE "on the [0-9]+ usable core\(s\) of each node .*summed over 1 node\(s\)" <<<"$line" || fail "MFU peak line: $line"
+# bf16 against fp32 (issue 32, item 2): the verdict follows from the two rates it prints, and
+# the peak of this fp32 run is the fp32 rate.
+python3 - "$OUT/logs/rank_00.log" <<'PY' || fail "the CPU GEMM line"
+import re, sys
+log = open(sys.argv[1], encoding="utf-8").read()
+peak = float(re.search(r"MFU peak ([0-9.]+) GFLOP/s", log).group(1))
+m = re.search(r"CPU GEMM: bf16 ([0-9.]+) GFLOP/s, fp32 ([0-9.]+) GFLOP/s \(bf16 / fp32 = ([0-9.]+); [^)]*\): "
+              r"train.precision=bf16 is expected to train (faster than|slower than|about as fast as) fp32 here", log)
+if m:
+    bf16, fp32, ratio = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert abs(ratio - bf16 / fp32) <= 0.006, (ratio, bf16 / fp32)
+    want = "faster than" if ratio > 1.1 else "slower than" if ratio < 0.9 else "about as fast as"
+    assert m.group(4) == want, (m.group(4), ratio)
+else:
+    m = re.search(r"CPU GEMM: fp32 ([0-9.]+) GFLOP/s; no bf16 units \(.*\), so train.precision=bf16 "
+                  r"is expected to train slower than fp32 here", log)
+    assert m, "no CPU GEMM line"
+    fp32 = float(m.group(1))
+    assert not re.search(r"avx512_bf16|amx", m.group(0)), m.group(0)
+assert abs(peak - fp32) <= 0.1, (peak, fp32)
+print("CPU GEMM:", m.group(0))
+PY
 echo "observe: OK"

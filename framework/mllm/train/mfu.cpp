@@ -49,7 +49,7 @@ double measure_peak_flops(bool bf16, const torch::Device& device) {
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device) {
   const char* dtype = bf16 ? "bf16" : "fp32";
   JobPeak peak;
-  double mine = 0, mine_fp32 = 0;
+  double mine = 0, mine_fp32 = 0, mine_bf16 = 0;
   bool measures = false;
   std::string where;
   comm.barrier();  // nobody is still building: the measurement has the node to itself
@@ -66,8 +66,12 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
     if (measures) {
       const int before = at::get_num_threads();
       at::set_num_threads(cores);
-      mine = measure_peak_flops(bf16, device);
-      if (bf16) mine_fp32 = measure_peak_flops(false, device);
+      // The other dtype too, to compare the two; bf16 only where it may be the faster one: a CPU
+      // without bf16 units runs it through conversions, seconds of start-up for a known answer.
+      const CpuIsa isa = detect_cpu_isa();
+      mine_fp32 = measure_peak_flops(false, device);
+      if (bf16 || isa.avx512_bf16 || isa.amx_bf16) mine_bf16 = measure_peak_flops(true, device);
+      mine = bf16 ? mine_bf16 : mine_fp32;
       at::set_num_threads(before);
     }
     where = fmt::format("with {} {} on the {} usable core(s) of each node (affinity and cgroup "
@@ -75,11 +79,13 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
                         probe_blas().path, cores);
   }
   comm.barrier();
-  torch::Tensor sums = torch::tensor({mine, mine_fp32, measures ? 1.0 : 0.0}, torch::kFloat64);
+  torch::Tensor sums =
+      torch::tensor({mine, mine_fp32, mine_bf16, measures ? 1.0 : 0.0}, torch::kFloat64);
   comm.all_reduce(sums, ReduceOp::kSum);
   peak.flops = sums[0].item<double>();
-  peak.fp32_flops = sums[1].item<double>();
-  const int timed = static_cast<int>(sums[2].item<double>());
+  peak.cpu_fp32_flops = sums[1].item<double>();
+  peak.cpu_bf16_flops = sums[2].item<double>();
+  const int timed = static_cast<int>(sums[3].item<double>());
   peak.nodes = device.is_cuda() ? 0 : timed;
   peak.how = fmt::format("measured {} GEMM (n={}, random operands, best of 5) {}, summed over {} "
                          "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed,

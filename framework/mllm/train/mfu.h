@@ -24,7 +24,10 @@ double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device
 struct JobPeak {
   double flops = 0;        // FLOP/s of the whole job (all nodes)
   int nodes = 0;           // nodes that measured (one CPU measurement per node)
-  double fp32_flops = 0;   // bf16 on the CPU: the same node's fp32 GEMM rate (else 0), job-wide
+  // CPU: the job's GEMM rates in both dtypes (FLOP/s, nodes summed; `flops` is one of them, by
+  // train.precision), to say whether bf16 is expected to be faster here; 0 on a GPU, and bf16's
+  // 0 for an fp32 run on a CPU without bf16 units (avx512_bf16, amx_bf16: not timed there).
+  double cpu_fp32_flops = 0, cpu_bf16_flops = 0;
   std::string how;         // how it was obtained, for the log
 };
 
@@ -32,8 +35,8 @@ struct JobPeak {
 // threads (affinity and cgroup quota: the cores this node's ranks share) while the node's other
 // ranks wait, sleeping, in a barrier; the nodes' rates are summed. CUDA: every GPU in use is
 // timed once (by the first local rank on it), all at the same moment; the rates are summed.
-// `bf16`: the GEMM in bf16 (train.precision); on the CPU also in fp32, for a warning when bf16
-// is the slower one. Restores this rank's thread count. Throws CommError if a collective fails.
+// `bf16`: the GEMM in bf16 (train.precision), else fp32; on the CPU the other dtype is timed too
+// (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for). Restores this rank's thread count. Throws CommError if a collective fails.
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device);
 
 }  // namespace mllm

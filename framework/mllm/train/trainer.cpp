@@ -635,11 +635,24 @@ void Trainer::measure_peak() {
   spdlog::info("MFU peak {} = {}", peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
                                                     : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9),
                peak.how);
-  if (bf16 && device_.is_cpu() && peak.flops < peak.fp32_flops)
-    spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM ({:.1f} GFLOP/s) is slower than "
-                 "its fp32 GEMM ({:.1f} GFLOP/s; {}): bf16 will train slower than fp32 here; use "
-                 "train.precision=fp32", peak.flops / 1e9, peak.fp32_flops / 1e9,
-                 detect_cpu_isa().describe());
+  if (!device_.is_cpu() || peak.cpu_fp32_flops <= 0) return;
+  if (peak.cpu_bf16_flops <= 0) {
+    spdlog::info("CPU GEMM: fp32 {:.1f} GFLOP/s; no bf16 units ({}: no avx512_bf16 or amx_bf16), "
+                 "so train.precision=bf16 is expected to train slower than fp32 here",
+                 peak.cpu_fp32_flops / 1e9, detect_cpu_isa().describe());
+    return;
+  }
+  // bf16 against fp32 from the two measured GEMM rates: the matmuls are most of a step's work,
+  // so their ratio says which precision is expected to train faster on this CPU.
+  const double ratio = peak.cpu_bf16_flops / peak.cpu_fp32_flops;
+  const char* verdict = ratio > 1.1 ? "faster than" : ratio < 0.9 ? "slower than" : "about as fast as";
+  spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
+               "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,
+               peak.cpu_fp32_flops / 1e9, ratio, detect_cpu_isa().describe(), verdict);
+  if (bf16 && ratio < 0.9)
+    spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM is slower than its fp32 GEMM "
+                 "(bf16 / fp32 = {:.2f}): bf16 will train slower than fp32 here; use "
+                 "train.precision=fp32", ratio);
 }
 
 void Trainer::resume_from(const std::string& folder) {
