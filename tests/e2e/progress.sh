@@ -14,6 +14,9 @@ import re, sys
 raw = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
 raw = re.sub(r"\x1b\[[0-9;]*m", "", raw)  # colours (the level on a terminal) take no columns
 assert re.search(r"step \d+/30 \[=*>? *\] +\d+% loss", raw), "no progress bar drawn"
+# Its eta written as the log line writes it ("7s", "3m05s", "7h41m"; not "0m07s").
+etas = re.findall(r"step \d+/30 \[[^]]*\][^\r\n\x1b]* eta (\S+)", raw)
+assert etas and all(re.fullmatch(r"\d+s|[1-9]\d*m\d\ds|\d+h\d\dm|\?", e) for e in etas), etas[:5]
 # Replay the terminal: \n new line, \r column 0, ESC[K clears to the end of the line.
 lines, cur, col = [], [], 0
 i = 0

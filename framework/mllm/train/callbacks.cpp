@@ -40,13 +40,14 @@ class ProgressCallback : public Callback {
     const double frac = static_cast<double>(m.step) / static_cast<double>(max_steps_);
     const int filled = static_cast<int>(frac * width);
     const double rate = (m.step - first_step_) / std::max(1e-9, t.seconds_running());
-    const int64_t eta_s = static_cast<int64_t>((max_steps_ - m.step) / std::max(1e-9, rate));
+    const double eta_s = (max_steps_ - m.step) / std::max(1e-9, rate);
     std::string bar(static_cast<std::size_t>(filled), '=');
     if (filled < width) bar += '>';
     bar.resize(width, ' ');
+    // The eta as the periodic log line writes it (format_duration: "3m05s", "7h41m").
     set_console_status(fmt::format("step {}/{} [{}] {:3.0f}% loss {:.3f} lr {:.2e} {:.1f}k tok/s "
-                                   "eta {}m{:02d}s", m.step, max_steps_, bar, 100 * frac, m.loss,
-                                   m.lr, m.tokens_per_s / 1000, eta_s / 60, eta_s % 60));
+                                   "eta {}", m.step, max_steps_, bar, 100 * frac, m.loss,
+                                   m.lr, m.tokens_per_s / 1000, format_duration(eta_s)));
   }
   void on_train_end(Trainer&, StopReason) override {
     if (enabled_) set_console_status("");
