@@ -26,6 +26,9 @@ fresh "MLLM_BUILD_DIR='$BUILD' && source launch/env.sh && mpirun -np 8 mllm-trai
   > "$WORK/card.log" 2>&1 || { tail -30 "$WORK/card.log"; fail "the card's command after source launch/env.sh"; }
 grep -q "world size 8" "$WORK/card.log" || { tail "$WORK/card.log"; fail "not 8 ranks"; }
 [ "$(cat "$WORK/card/checkpoints/latest")" = step_000003 ] || fail "no checkpoint of step 3"
+# A warning about the recipe (mini's 100 warmup steps >= 3) is said once, not once per rank.
+[ "$(grep -c "schedule.warmup_steps=100 >= train.max_steps=3" "$WORK/card.log")" -eq 1 ] ||
+  fail "the recipe warning $(grep -c "schedule.warmup_steps=100" "$WORK/card.log") times on the console"
 # Sourcing twice adds nothing to PATH; the installed layout is not needed here.
 fresh "MLLM_BUILD_DIR='$BUILD'; source launch/env.sh; source launch/env.sh; echo \"\$PATH\"" > "$WORK/path"
 [ "$(tr ':' '\n' < "$WORK/path" | grep -c "^$BUILD/bin\$")" -eq 1 ] || fail "PATH: $(cat "$WORK/path")"

@@ -373,10 +373,12 @@ void Trainer::start_logging(const std::vector<std::string>& interrupted) {
                world, backend, threads_, device_.str(), r.source);
   for (const auto& name : interrupted)
     spdlog::warn("removed {}/{}, left by an interrupted checkpoint save", checkpoints_dir(), name);
-  for (const auto& [key, values] : resume_changes_)
-    spdlog::warn("resuming with {} changed: checkpoint {} -> recipe {} (applies from the resumed "
-                 "step on)", key, values.first, values.second);
-  if (resume_lr_)
+  // The resume's changes read the same on every rank: rank 0 says them once.
+  if (comm_->rank() == 0)
+    for (const auto& [key, values] : resume_changes_)
+      spdlog::warn("resuming with {} changed: checkpoint {} -> recipe {} (applies from the "
+                   "resumed step on)", key, values.first, values.second);
+  if (resume_lr_ && comm_->rank() == 0)
     spdlog::warn("the lr at the resumed step {} is {:.4e}, where the checkpoint's schedule "
                  "(train.max_steps={}) gave {:.4e}: the schedule spans train.max_steps={}, so "
                  "from here on the lr follows that run's curve (a longer run decays later, a "
@@ -559,7 +561,8 @@ void Trainer::build_schedule_and_sampler() {
   const int rank = comm_->rank(), world = comm_->world_size();
   schedule_ = lr_schedule_registry().create(r.schedule.type, r.schedule, r.optim.lr,
                                             r.train.max_steps);
-  if (r.schedule.warmup_steps >= r.train.max_steps && r.schedule.warmup_steps > 0)
+  // Warnings about the recipe read the same on every rank: rank 0 says them once.
+  if (rank == 0 && r.schedule.warmup_steps >= r.train.max_steps && r.schedule.warmup_steps > 0)
     spdlog::warn("schedule.warmup_steps={} >= train.max_steps={}: the lr ramps for the whole run "
                  "and reaches {:.3g} (of optim.lr={:.3g}) at the last step", r.schedule.warmup_steps,
                  r.train.max_steps, schedule_->lr(r.train.max_steps - 1), r.optim.lr);
@@ -649,7 +652,7 @@ void Trainer::measure_peak() {
   spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,
                peak.cpu_fp32_flops / 1e9, ratio, detect_cpu_isa().describe(), verdict);
-  if (bf16 && ratio < 0.9)
+  if (bf16 && ratio < 0.9 && comm_->rank() == 0)
     spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM is slower than its fp32 GEMM "
                  "(bf16 / fp32 = {:.2f}): bf16 will train slower than fp32 here; use "
                  "train.precision=fp32", ratio);
@@ -681,12 +684,14 @@ void Trainer::resume_from(const std::string& folder) {
             values.second, recipe_.optim.type));
   sampler_->load_state(saved.sampler);
   bool rng = load_rng_state(folder, comm_->rank(), device_);
-  if (saved.world_size != comm_->world_size())
-    spdlog::warn("resuming a {}-rank checkpoint with {} ranks: same global batches, but dropout "
-                 "RNG streams are re-seeded", saved.world_size, comm_->world_size());
-  else if (!rng)
+  if (saved.world_size != comm_->world_size()) {
+    if (comm_->rank() == 0)
+      spdlog::warn("resuming a {}-rank checkpoint with {} ranks: same global batches, but dropout "
+                   "RNG streams are re-seeded", saved.world_size, comm_->world_size());
+  } else if (!rng) {
     throw CheckpointError("checkpoint " + folder + " has no RNG state for rank " +
                           std::to_string(comm_->rank()));
+  }
   state_.step = saved.step;
   state_.tokens = saved.tokens;
   state_.sampler = saved.sampler;
@@ -724,7 +729,7 @@ double Trainer::seconds_running() const {
 StopReason Trainer::run() {
   const Recipe& r = recipe_;
   const int64_t first_step = state_.step, first_tokens = state_.tokens;
-  if (state_.step >= r.train.max_steps)
+  if (state_.step >= r.train.max_steps && comm_->rank() == 0)
     spdlog::warn("the run is already at step {}, not below train.max_steps={}: nothing to train "
                  "(raise train.max_steps to continue it)", state_.step, r.train.max_steps);
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
