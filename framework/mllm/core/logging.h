@@ -26,8 +26,8 @@ void flush_logs();
 bool console_is_terminal();
 // The console's status line (the progress bar): redrawn in place at the bottom of the terminal
 // (carriage return, clear to end of line, `line`); every console log line first clears it and
-// then draws it again below itself, so log lines and the bar never share a line. "" removes it. Writes nothing
-// when !console_is_terminal(). Never throws.
+// then draws it again below itself, so log lines and the bar never share a line. "" removes
+// it. Writes nothing when !console_is_terminal(). Never throws.
 void set_console_status(const std::string& line);
 
 // A duration for people: "42s", "3m05s", "2h07m" (seconds < 0 or not finite -> "?").

@@ -36,7 +36,8 @@ struct JobPeak {
 // ranks wait, sleeping, in a barrier; the nodes' rates are summed. CUDA: every GPU in use is
 // timed once (by the first local rank on it), all at the same moment; the rates are summed.
 // `bf16`: the GEMM in bf16 (train.precision), else fp32; on the CPU the other dtype is timed too
-// (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for). Restores this rank's thread count. Throws CommError if a collective fails.
+// (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for). Restores this
+// rank's thread count. Throws CommError if a collective fails.
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device);
 
 }  // namespace mllm

@@ -382,8 +382,9 @@ void Trainer::start_logging(const std::vector<std::string>& interrupted) {
     spdlog::warn("the lr at the resumed step {} is {:.4e}, where the checkpoint's schedule "
                  "(train.max_steps={}) gave {:.4e}: the schedule spans train.max_steps={}, so "
                  "from here on the lr follows that run's curve (a longer run decays later, a "
-                 "shorter one sooner; docs/checkpoints.md); to go on at the checkpoint's lr instead, resume with "
-                 "schedule.type=constant schedule.warmup_steps=0 optim.lr={:.6g}",
+                 "shorter one sooner; docs/checkpoints.md); to go on at the checkpoint's lr "
+                 "instead, resume with schedule.type=constant schedule.warmup_steps=0 "
+                 "optim.lr={:.6g}",
                  resume_lr_->step, resume_lr_->recipe, resume_lr_->checkpoint_max_steps,
                  resume_lr_->checkpoint, r.train.max_steps, resume_lr_->checkpoint);
   if (device_.is_cuda()) {
