@@ -54,14 +54,19 @@ grep -q "warning: 1 token(s) of the prompt are not in the checkpoint's vocabular
   { cat "$WORK/gen7.err"; fail "no warning for the character outside the vocabulary"; }
 python3 - "$WORK/gen7" "$WORK/gen7.err" <<'PY' || fail "end-of-text note"
 import re, sys
-text = open(sys.argv[1], encoding="utf-8").read().rstrip("\n")
+text = open(sys.argv[1], encoding="utf-8").read()
+text = text[:-1] if text.endswith("\n") else text  # the one newline mllm-generate ends with; a
+# generated "\n" before it is a token of the text (poems have line breaks)
 err = open(sys.argv[2], encoding="utf-8").read()
 m = re.search(r"stopped at end-of-text after (\d+) of 300 new token\(s\)", err)
-n = len(text) - len("春☃")  # the character tokenizer: one character per token (specials: none)
+# The character tokenizer: one character per token, none for a special (<PAD> <UNK> <BOS>, which
+# a briefly trained model still samples now and then: seen 99 tokens -> 97 characters).
+n = len(text) - len("春☃")
 if m:
     assert int(m.group(1)) < 300 and n <= int(m.group(1)), (m.group(0), n)
 else:
-    assert n >= 300, f"{n} characters and no end-of-text note"
+    # No note: all 300 tokens were drawn; a stop at end-of-text stops far earlier.
+    assert 290 <= n <= 300, f"{n} characters and no end-of-text note"
 print("end-of-text:", m.group(0) if m else "no stop", "|", n, "characters")
 PY
 
