@@ -21,7 +21,7 @@ for _ in $(seq 1 2000); do
   tr '\0' '\n' < "/proc/$PID/environ" 2>/dev/null | grep -q '^MLLM_BLAS_REEXEC=' && break
   sleep 0.005
 done
-tr '\0' '\n' < "/proc/$PID/environ" | grep -q '^MLLM_BLAS_REEXEC=' || fail "no BLAS re-execution seen"
+grep -q '^MLLM_BLAS_REEXEC=' <<<"$(tr '\0' '\n' < "/proc/$PID/environ")" || fail "no BLAS re-execution seen"
 kill -USR1 "$PID"
 name=$(cat "/proc/$PID/comm" 2>/dev/null || echo gone)
 set +e; wait "$PID"; code=$?; set -e

@@ -130,7 +130,7 @@ has resume_bad.log "model.options.expansion: checkpoint 2 -> recipe 3"
 "${RUN[@]}" train.max_steps=45 loss_ema.every=9 > resume_ok.log 2>&1 ||
   { cat resume_ok.log; fail "resume with another loss_ema.every"; }
 has resume_ok.log "resumed from"
-tail -1 runs/gelu/loss_ema.jsonl | grep -q '"step": 45' || fail "the resumed run did not write step 45"
+grep -q '"step": 45' <<<"$(tail -1 runs/gelu/loss_ema.jsonl)" || fail "the resumed run did not write step 45"
 # mllm-generate on the plugin model's checkpoint: from the run's folder the recipe's relative
 # plugin path works; from elsewhere it is refused (exit 2) unless --plugins names the library.
 "$PREFIX/bin/mllm-generate" --checkpoint runs/gelu --prompt 春 --max-new-tokens 8 > gen.txt ||

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
 CPP
 mpicxx -std=c++17 "$WORK/t.cpp" -o "$WORK/t" -DSPDLOG_FMT_EXTERNAL -I"$P/include" -L"$P/lib/x86_64-linux-gnu" \
   -lyaml-cpp -lspdlog -lfmt -Wl,-rpath,"$P/lib/x86_64-linux-gnu" 2> "$WORK/cc.log" || { cat "$WORK/cc.log"; fail "compile"; }
-mpicxx --showme:incdirs | grep -q "$P" || fail "mpicxx is not relocated: $(mpicxx --showme:incdirs)"
+grep -q "$P" <<<"$(mpicxx --showme:incdirs)" || fail "mpicxx is not relocated: $(mpicxx --showme:incdirs)"
 out=$(mpirun -np 2 --bind-to none --oversubscribe "$WORK/t" 2>&1) || { echo "$out"; fail "run under the prefix's mpirun"; }
 grep -q "sum 2 of 2" <<< "$out" || fail "2-rank run: $out"
 ! grep -q "Sorry! You were supposed to get help" <<< "$out" || fail "PMIx/OpenMPI help files not found: $out"
@@ -112,8 +112,10 @@ print("spm_module.cpp:", cmds[0] if cmds else "not built")
 sys.exit(0 if ok else 1)
 PY
 spm=$(find "$WORK/build" -name 'libmllm_spm.so' | head -1)
-ldd "$spm" | grep -q "$P/lib/x86_64-linux-gnu/libsentencepiece.so" || fail "libmllm_spm: $(ldd "$spm")"
-ldd "$WORK/build/bin/mllm-train" | grep -q "$P/lib/x86_64-linux-gnu/libyaml-cpp" || fail "mllm-train: $(ldd "$WORK/build/bin/mllm-train")"
+# Here-strings, not pipes: grep -q stops reading at the match, and under pipefail the writer's
+# SIGPIPE failed the check although the line was there (seen once in CI).
+grep -q "$P/lib/x86_64-linux-gnu/libsentencepiece.so" <<<"$(ldd "$spm")" || fail "libmllm_spm: $(ldd "$spm")"
+grep -q "$P/lib/x86_64-linux-gnu/libyaml-cpp" <<<"$(ldd "$WORK/build/bin/mllm-train")" || fail "mllm-train: $(ldd "$WORK/build/bin/mllm-train")"
 
 # Two steps at 2 ranks, the BPE tokenizer trained and loaded through the prefix's sentencepiece.
 run="$WORK/run"

@@ -91,7 +91,7 @@ for bad in "--bogus" "--from" "--from $WORK/nonexistent"; do
 done
 set +e; CORPUS_DIR="$WORK/c4" MLLM_CORPUS_XZ="$WORK/missing.xz" "$FETCH" > /dev/null 2>&1; code=$?; set -e
 [ $code -eq 2 ] || fail "MLLM_CORPUS_XZ naming a missing file exited $code, want 2"
-"$FETCH" --help | grep -q "MLLM_CORPUS_XZ" || fail "--help"
+grep -q "MLLM_CORPUS_XZ" <<<"$("$FETCH" --help)" || fail "--help"
 
 # --all from compressed copies (our machines: ../shared/corpus beside the checkout): every file
 # pinned, a corrupt Song copy refused with nothing written. Skipped where that folder is absent.
