@@ -41,8 +41,10 @@ exec 3<> "$WORK/keys"  # held open: script(1) never sees the end of its input
 LONG="run.out_dir=$WORK/stop data.cache_dir=$CACHE data.corpus=[data/tang300/tang300.jsonl] data.val_fraction=0.05"
 LONG+=" train.max_steps=100000 eval.every_steps=0 sample.every_steps=0 checkpoint.every_steps=0 log.every_steps=1"
 # env --default-signal=INT: a background job of this non-interactive shell would start with
-# SIGINT ignored, down to clean-stop.sh, which then could not trap it.
-env --default-signal=INT script -qfec "env -i HOME='$HOME' PATH=/usr/local/bin:/usr/bin:/bin TERM=xterm bash --norc --noprofile -c \"cd '$MLLM_SOURCE_DIR' && MLLM_BUILD_DIR='$BUILD' && source launch/env.sh && mpirun -np 2 mllm-train recipes/mini.yaml $LONG\"" \
+# SIGINT ignored, down to clean-stop.sh, which then could not trap it. SHELL=/bin/bash: script(1)
+# runs its command through $SHELL -c, and dash (/bin/sh; SHELL unset) exits 130 on Ctrl-C after
+# its child ended, whatever the child's code (see launch/clean_stop.sh).
+env --default-signal=INT SHELL=/bin/bash script -qfec "env -i HOME='$HOME' PATH=/usr/local/bin:/usr/bin:/bin TERM=xterm bash --norc --noprofile -c \"cd '$MLLM_SOURCE_DIR' && MLLM_BUILD_DIR='$BUILD' && source launch/env.sh && mpirun -np 2 mllm-train recipes/mini.yaml $LONG\"" \
   "$WORK/tty" <&3 > /dev/null 2>&1 &
 SPID=$!
 for _ in $(seq 1 1200); do  # at most 120 s until 3 steps are logged

@@ -8,7 +8,7 @@ command -v script > /dev/null || { echo "SKIP: no script(1)"; exit 0; }
 for np in 1 2; do
   cmd="$MLLM_BIN/mllm-train $RECIPE run.out_dir=$WORK/run$np data.cache_dir=$CACHE data.corpus=[$CORPUS] train.max_steps=30 log.every_steps=10"
   [ "$np" -eq 1 ] || cmd="mpirun -np 2 --bind-to none $cmd"
-  script -qfec "$cmd" "$WORK/tty$np" > /dev/null 2>&1 || { cat "$WORK/tty$np"; fail "np $np run on a terminal"; }
+  SHELL=/bin/bash script -qfec "$cmd" "$WORK/tty$np" > /dev/null 2>&1 || { cat "$WORK/tty$np"; fail "np $np run on a terminal"; }
   python3 - "$WORK/tty$np" "$np" <<'PY' || fail "np $np: the terminal's screen"
 import re, sys
 raw = open(sys.argv[1], "rb").read().decode("utf-8", "replace")

@@ -59,9 +59,12 @@ for presses in 1 2; do
   rm -f "$WORK/keys"; mkfifo "$WORK/keys"
   exec 3<> "$WORK/keys"
   # A background job of a non-interactive shell starts with SIGINT ignored, and what starts
-  # ignored stays ignored down to clean-stop.sh: env restores the default first.
+  # ignored stays ignored down to clean-stop.sh: env restores the default first. script(1) runs
+  # its command through $SHELL -c: pinned to bash, because dash (/bin/sh, or SHELL unset as in
+  # CI) stays in the terminal's process group as COMMAND's parent and, on Ctrl-C, exits 130
+  # after its child ended however it ended (bash waits and follows the child's 0).
   slow=""; [ "$presses" -eq 1 ] || slow=slow
-  env --default-signal=INT script -qfec "'$C' '$STUB' '$log' $slow" "$WORK/tty$presses" <&3 > /dev/null 2>&1 & S=$!
+  env --default-signal=INT SHELL=/bin/bash script -qfec "'$C' '$STUB' '$log' $slow" "$WORK/tty$presses" <&3 > /dev/null 2>&1 & S=$!
   started "$log"
   for _ in $(seq 1 "$presses"); do printf '\003' >&3; sleep 0.5; done
   set +e; wait "$S"; rc=$?; set -e
