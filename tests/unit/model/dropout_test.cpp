@@ -69,5 +69,36 @@ TEST(Dropout, BFloat16KeepsDtype) {
   EXPECT_TRUE(((y == 0) | (y == 3.0)).all().item<bool>());
 }
 
+TEST(Dropout, BFloat16KeepsTheFloat32MaskAndRoundsOnce) {
+  // Odd length (a lone last element after the pairs) and values of both signs. The same seed
+  // gives the same mask in either dtype; a kept bf16 element is float(x) / (1 - p) rounded to
+  // bf16 by LibTorch's own conversion, a dropped one exactly 0.
+  const double p = 0.3;
+  const int64_t n = 100001;
+  torch::manual_seed(9);
+  auto x = ((torch::rand({n}) + 0.25) * (torch::randint(0, 2, {n}) * 2 - 1)).to(torch::kBFloat16);
+  torch::manual_seed(21);
+  auto y = mllm::dropout(x, p, true);
+  torch::manual_seed(21);
+  auto y32 = mllm::dropout(x.to(torch::kFloat), p, true);
+  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+  auto keep = y32 != 0;
+  auto want = torch::where(keep, (x.to(torch::kFloat) * static_cast<float>(1.0 / (1.0 - p))).to(torch::kBFloat16),
+                           torch::zeros_like(x));
+  EXPECT_TRUE(y.equal(want));
+  EXPECT_TRUE((y != 0).equal(keep));
+  const double kept = keep.sum().item<double>() / n;
+  EXPECT_NEAR(kept, 0.7, 0.01);  // Binomial(1e5, 0.7): standard deviation 1.4e-3
+  // The backward pass applies the same mask to a bf16 gradient.
+  auto xg = x.detach().requires_grad_(true);
+  torch::manual_seed(21);
+  auto yg = mllm::dropout(xg, p, true);
+  auto g = torch::full({n}, 0.5, torch::kBFloat16);
+  yg.backward(g);
+  auto want_g = torch::where(keep, (g.to(torch::kFloat) * static_cast<float>(1.0 / (1.0 - p))).to(torch::kBFloat16),
+                             torch::zeros_like(g));
+  EXPECT_TRUE(xg.grad().equal(want_g));
+}
+
 }  // namespace
 }  // namespace mllm
