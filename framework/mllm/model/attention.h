@@ -54,8 +54,10 @@ bool uses_sdpa(const std::string& impl, const torch::Device& device);
 // Separate Q/K/V/O projections (parameters q_proj, k_proj, v_proj, o_proj). Heads are split to
 // [batch, heads, seq, head_dim]; key/value head j serves query heads j*r .. j*r+r-1 with
 // r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv).
-// eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax in float32, dropout,
-// weighted sum of values, o_proj — the reference path.
+// eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax, dropout, weighted sum of
+// values, o_proj — the reference path. float32 scores when autocast is off; under bf16 autocast
+// the scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the
+// softmax kernels accumulate in float32 and round once).
 // sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
 // causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
 // rows behave as in eager). Agrees with eager to float rounding; its dropout draws other

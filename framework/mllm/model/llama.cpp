@@ -147,7 +147,7 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
   auto logits = options_.tie_embeddings ? torch::nn::functional::linear(x, tok_emb->weight)
                                         : lm_head(x);
   if (cache != nullptr) cache->length += t;
-  return logits.to(torch::kFloat);
+  return logits;  // bf16 under bf16 autocast: lm_loss_sum works in float32
 }
 
 int64_t Llama::flops_per_token(int64_t seq_len) const {

@@ -118,7 +118,7 @@ torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
       return block->forward(in, blocked, 0, nullptr, nullptr);
     });
   }
-  auto logits = lm_head(x).to(torch::kFloat);
+  auto logits = lm_head(x);  // bf16 under bf16 autocast: lm_loss_sum works in float32
   if (cache != nullptr) cache->length += t;
   return logits;
 }

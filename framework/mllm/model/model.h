@@ -53,8 +53,10 @@ struct KVCache {
   }
 };
 
-// A decoder-only language model. Weights are float32; the forward pass also runs under CPU
-// bf16 autocast (attention softmax is always computed in float32, logits returned in float32).
+// A decoder-only language model. Weights are float32; the forward pass also runs under bf16
+// autocast: the matmuls in bf16, attention scores and softmax in bf16 with float32 accumulation
+// inside the kernels (attention.h), logits returned in bf16 (lm_loss_sum and generate work on
+// them in float32).
 //
 // Attention masks: a query at position i sees keys at positions <= i whose token is not kPadId.
 // Masked scores are replaced by -1e9 (masked_fill, as the PyTorch reference), so a query whose
@@ -66,14 +68,16 @@ class LanguageModel : public torch::nn::Module {
   ~LanguageModel() override = default;
 
   // tokens [batch, seq] int64 with 1 <= seq <= max_seq_len() and ids in [0, vocab_size()) ->
-  // logits [batch, seq, vocab] float32. Positions are 0..seq-1. Throws mllm::Error on a wrong
-  // shape, dtype or length (ids are not range-checked here: embedding lookups do that).
+  // logits [batch, seq, vocab] float32 (bf16 under bf16 autocast). Positions are 0..seq-1.
+  // Throws mllm::Error on a wrong shape, dtype or length (ids are not range-checked here:
+  // embedding lookups do that).
   virtual torch::Tensor forward(const torch::Tensor& tokens) = 0;
 
   // Incremental decoding: tokens [batch, new] int64 at positions cache.length ..
-  // cache.length + new - 1 -> logits [batch, new, vocab] float32, and appends their keys and
-  // values to `cache` (an empty cache is initialised). Equal to the matching slice of forward()
-  // over the whole sequence (up to float rounding). Throws mllm::Error when
+  // cache.length + new - 1 -> logits [batch, new, vocab] float32 (bf16 under bf16 autocast),
+  // and appends their keys and values to `cache` (an empty cache is initialised). Equal to the
+  // matching slice of forward() over the whole sequence (up to float rounding). Throws
+  // mllm::Error when
   // cache.length + new > max_seq_len() or the batch differs from the cached one.
   virtual torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) = 0;
 

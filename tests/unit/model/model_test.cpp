@@ -150,7 +150,7 @@ TEST_P(FamilyTest, Bf16AutocastForwardIsCloseToFp32) {
     auto step = model->forward_cached(tokens.narrow(1, 5, 1), cache);
     EXPECT_TRUE(torch::isfinite(step).all().item<bool>());
   }
-  EXPECT_EQ(bf16.scalar_type(), torch::kFloat);
+  EXPECT_EQ(bf16.scalar_type(), torch::kBFloat16);  // the head's output, for lm_loss_sum
   const double scale = fp32.abs().max().item<double>();
   ASSERT_GT(scale, 0.5);
   // bf16 keeps 8 significant bits (relative rounding 2^-9 per op); a few percent of the logit
@@ -231,7 +231,8 @@ TEST_P(FamilyTest, SdpaAttentionMatchesEager) {
   auto ls = sdpa->forward(padded);
   at::autocast::set_autocast_enabled(at::kCPU, false);
   at::autocast::clear_cache();
-  EXPECT_EQ(ls.scalar_type(), torch::kFloat);
+  EXPECT_EQ(le.scalar_type(), torch::kBFloat16);  // the head's output under autocast
+  EXPECT_EQ(ls.scalar_type(), torch::kBFloat16);
   EXPECT_LE(max_abs_diff(le, ls), 0.1);
 }
 
@@ -387,6 +388,37 @@ TEST(LossTest, HandComputedGradientAndChunkBoundaries) {
   auto bad = t.clone();
   bad[0][7] = vocab;
   EXPECT_THROW(lm_loss_sum(x32.detach(), bad), Error);
+}
+
+TEST(LossTest, BFloat16LogitsInFloat32AndAGradientRoundedOnce) {
+  // bf16 logits (bf16 autocast's head output) over several CPU chunks with a ragged last one:
+  // the loss of those very bf16 values against float64 log-softmax by the formula, and the
+  // gradient (bf16, upstream 2) against the float64 one: rounded once, so within half a bf16
+  // unit in the last place (at most 2^-8 relative: 8 significant bits). Pad rows get exactly 0.
+  const int64_t rows = 301, vocab = 3000;
+  torch::manual_seed(4);
+  auto xb = (torch::randn({1, rows, vocab}) * 3.0).to(torch::kBFloat16);
+  auto t = torch::randint(0, vocab, {1, rows}, torch::kLong);
+  t[0].narrow(0, 100, 7).fill_(kPadId);
+  auto x = xb.detach().requires_grad_(true);
+  auto loss = lm_loss_sum(x, t);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  (loss * 2.0).backward();
+  auto xd = xb.to(torch::kDouble);
+  auto logp = xd - torch::logsumexp(xd, -1, /*keepdim=*/true);
+  auto real = t.ne(kPadId);
+  const double want = -(logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+  EXPECT_NEAR(loss.item<double>(), want, 1e-6 * std::abs(want));
+  {
+    torch::NoGradGuard no_grad;  // the no-grad path keeps nothing and gives the same value
+    EXPECT_NEAR(lm_loss_sum(xb, t).item<double>(), want, 1e-6 * std::abs(want));
+  }
+  ASSERT_EQ(x.grad().scalar_type(), torch::kBFloat16);
+  auto grad = (logp.exp() - torch::one_hot(t, vocab).to(torch::kDouble)) * real.unsqueeze(-1) * 2.0;
+  auto err = (x.grad().to(torch::kDouble) - grad).abs();
+  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-12).all().item<bool>())
+      << (err - grad.abs() * std::ldexp(1.0, -8)).max().item<double>();
+  EXPECT_EQ(x.grad()[0].narrow(0, 100, 7).abs().sum().item<double>(), 0.0);
 }
 
 }  // namespace
