@@ -2,7 +2,8 @@
 # train.precision=bf16 (CPU autocast, float32 master weights and loss) with gradient accumulation:
 # the losses must follow the float32 run of the same batches and the bf16 run without
 # accumulation, step by step. Guards any bf16 weight-copy scheme against stale copies (the
-# weights a step's forward uses must be the ones the previous optimizer step wrote).
+# weights a step's forward uses must be the ones the previous optimizer step wrote), also with
+# activation checkpointing.
 source "$(dirname "$0")/common.sh"
 common=(model.dropout=0.0 train.max_steps=10 train.global_batch=8 optim.lr=1e-2
         schedule.warmup_steps=0 eval.every_steps=0 checkpoint.every_steps=0 checkpoint.resume=none)
@@ -11,10 +12,18 @@ train 1 "$WORK/acc2" "${common[@]}" train.micro_batch=4 train.precision=bf16 > "
   { tail "$WORK/acc2.log"; fail "bf16 run with accumulation 2"; }
 train 1 "$WORK/acc1" "${common[@]}" train.micro_batch=8 train.precision=bf16 > "$WORK/acc1.log" 2>&1 ||
   { tail "$WORK/acc1.log"; fail "bf16 run without accumulation"; }
-python3 - "$WORK/fp32/metrics.jsonl" "$WORK/acc2/metrics.jsonl" "$WORK/acc1/metrics.jsonl" <<'PY' || fail "bf16 losses"
+# The trainer keeps autocast's bf16 weight casts for all micro-batches of a step; checkpointed
+# blocks (a forward without grad, a recomputation that clears the cache) must still give the
+# same losses, bit for bit.
+train 1 "$WORK/ckpt" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
+  model.activation_checkpointing=every_n model.checkpoint_every=2 > "$WORK/ckpt.log" 2>&1 ||
+  { tail "$WORK/ckpt.log"; fail "bf16 run with accumulation 2 and activation checkpointing"; }
+python3 - "$WORK/fp32/metrics.jsonl" "$WORK/acc2/metrics.jsonl" "$WORK/acc1/metrics.jsonl" \
+  "$WORK/ckpt/metrics.jsonl" <<'PY' || fail "bf16 losses"
 import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
-f32, acc2, acc1 = (losses(p) for p in sys.argv[1:])
+f32, acc2, acc1, ckpt = (losses(p) for p in sys.argv[1:])
+assert ckpt == acc2, f"activation checkpointing changed the bf16 losses: {ckpt} vs {acc2}"
 assert len(f32) == len(acc2) == len(acc1) == 10, (len(f32), len(acc2), len(acc1))
 drop = f32[0] - f32[-1]
 print("fp32      ", " ".join(f"{x:.4f}" for x in f32))

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -81,10 +82,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// bf16 autocast on `device`'s type for the scope; restores the previous autocast state on exit.
+// bf16 autocast on `device`'s type for the scope; restores the previous autocast state on exit
+// and clears autocast's cache of bf16 weight casts, unless `keep_cache` (the training step keeps
+// it for all its micro-batches and clears it with AutocastCacheClearedAtExit).
 class Autocast {
  public:
-  Autocast(bool enabled, const torch::Device& device) : enabled_(enabled), type_(device.type()) {
+  Autocast(bool enabled, const torch::Device& device, bool keep_cache = false)
+      : enabled_(enabled), keep_cache_(keep_cache), type_(device.type()) {
     if (!enabled_) return;
     prev_enabled_ = at::autocast::is_autocast_enabled(type_);
     prev_dtype_ = at::autocast::get_autocast_dtype(type_);
@@ -95,16 +99,26 @@ class Autocast {
     if (!enabled_) return;
     at::autocast::set_autocast_enabled(type_, prev_enabled_);
     at::autocast::set_autocast_dtype(type_, prev_dtype_);
-    at::autocast::clear_cache();
+    if (!keep_cache_) at::autocast::clear_cache();
   }
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool enabled_;
+  bool keep_cache_;
   at::DeviceType type_;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+// Clears autocast's cache when the scope ends, however it ends: the bf16 casts of the weights
+// must not outlive the optimizer step that changes the weights.
+struct AutocastCacheClearedAtExit {
+  AutocastCacheClearedAtExit() = default;
+  ~AutocastCacheClearedAtExit() { at::autocast::clear_cache(); }
+  AutocastCacheClearedAtExit(const AutocastCacheClearedAtExit&) = delete;
+  AutocastCacheClearedAtExit& operator=(const AutocastCacheClearedAtExit&) = delete;
 };
 
 // The batch on `device`: pinned host memory and a non-blocking copy for a GPU.
@@ -821,6 +835,17 @@ StepMetrics Trainer::train_step() {
   // Summed on the device in float64 (no host round trip per micro-step); on the CPU the same
   // additions in the same order as summing item<double>() values.
   torch::Tensor local_loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device_));
+  // bf16: autocast casts each weight to bf16 once per step, not once per micro-batch. Its cache
+  // (casts of leaf tensors that require grad: the weights) lives until the last backward of the
+  // step; the casts keep their autograd edge to the float32 weight, so every micro-batch's
+  // gradient still reaches it. (Autocast caches nothing without grad mode, so a checkpointed
+  // block's forward leaves no cast without that edge; e2e.bf16_steps.) Not at ZeRO stage 3:
+  // there the casts of every block would stay for the whole step (half the model's bytes on
+  // each rank), which is what stage 3 exists to avoid; each micro-batch casts again.
+  const bool bf16 = r.train.precision == "bf16";
+  const bool keep_casts = bf16 && r.dist.zero_stage < 3;
+  std::optional<AutocastCacheClearedAtExit> clear_casts;
+  if (keep_casts) clear_casts.emplace();
   for (std::size_t a = 0; a < batches.size(); ++a) {
     // Why: only the last micro-step all-reduces; earlier ones just accumulate locally. Stage 2
     // reduce-scatters every micro-step (no full-size gradient is kept between them).
@@ -832,7 +857,7 @@ StepMetrics Trainer::train_step() {
     dp_->pre_model_forward();  // stage 3: the embeddings and head gathered, block 0 on its way
     {
       trace::Scope range("forward");
-      Autocast autocast(r.train.precision == "bf16", device_);
+      Autocast autocast(bf16, device_, /*keep_cache=*/keep_casts);
       loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
     }
     if (inject_nan && a == 0) loss = loss * std::numeric_limits<float>::quiet_NaN();
@@ -854,6 +879,7 @@ StepMetrics Trainer::train_step() {
     sync_phase("loss");
     local_loss_sum += loss.detach().to(torch::kFloat64);
   }
+  clear_casts.reset();  // the step's last backward is done: the bf16 weight casts go
   if (injected_fault("throw", rank, this_step))
     throw Error(fmt::format("rank {}: step {}: injected failure (MLLM_FAULT throw)", rank, this_step));
   if (auto f = injected_fault("sleep", rank, this_step)) {
