@@ -57,7 +57,8 @@ class GeluBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& blocked, int64_t offset,
                         torch::Tensor* cache_k, torch::Tensor* cache_v) {
     auto h = norm1(x + drop(attn(x, blocked, nullptr, offset, cache_k, cache_v)));
-    auto f = fc2(torch::gelu(fc1(h), tanh_ ? "tanh" : "none"));
+    // mllm::linear, not fc1(h): bf16 autocast then casts each weight once per step (model.h).
+    auto f = mllm::linear(fc2, torch::gelu(mllm::linear(fc1, h), tanh_ ? "tanh" : "none"));
     return norm2(h + drop(f));
   }
   mllm::Attention attn{nullptr};
@@ -116,7 +117,7 @@ class GeluMini : public mllm::LanguageModel {
     for (size_t l = 0; l < blocks_.size(); ++l)
       x = blocks_[l]->forward(x, blocked, offset, cache ? &cache->k[l] : nullptr,
                               cache ? &cache->v[l] : nullptr);
-    auto logits = lm_head(x).to(torch::kFloat);
+    auto logits = mllm::linear(lm_head, x);  // bf16 under bf16 autocast: lm_loss_sum reads it in float32
     if (cache) cache->length += t;
     return logits;
   }

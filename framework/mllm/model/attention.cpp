@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mllm/core/error.h"
+#include "mllm/model/model.h"
 
 namespace mllm {
 
@@ -64,9 +65,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                      torch::Tensor* cache_v) {
   const int64_t b = x.size(0), t = x.size(1);
   const int64_t h = options_.n_heads, kvh = options_.n_kv_heads, hd = head_dim_;
-  auto q = q_proj(x).view({b, t, h, hd});
-  auto k = k_proj(x).view({b, t, kvh, hd});
-  auto v = v_proj(x).view({b, t, kvh, hd}).transpose(1, 2);
+  auto q = linear(q_proj, x).view({b, t, h, hd});
+  auto k = linear(k_proj, x).view({b, t, kvh, hd});
+  auto v = linear(v_proj, x).view({b, t, kvh, hd}).transpose(1, 2);
   if (rope != nullptr) {
     q = rope->apply(q, offset);
     k = rope->apply(k, offset);
@@ -96,7 +97,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
       auto bias = torch::zeros(blocked.sizes(), q.options()).masked_fill(blocked, -1e9);
       out = at::scaled_dot_product_attention(q, k, v, bias, p, /*is_causal=*/false);
     }
-    return o_proj(out.transpose(1, 2).reshape({b, t, h * hd}));
+    return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
   }
   MLLM_CHECK(blocked.defined(), "attention: eager attention needs the mask");
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -122,7 +123,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   auto attn = torch::softmax(scores, -1);
   if (options_.attn_dropout > 0) attn = attn_drop_(attn);
   auto out = torch::matmul(attn, v);  // [b, h, t, hd]
-  return o_proj(out.transpose(1, 2).reshape({b, t, h * hd}));
+  return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
 }
 
 }  // namespace mllm

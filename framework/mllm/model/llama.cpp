@@ -69,7 +69,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x));
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
@@ -144,8 +144,8 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
     });
   }
   x = norm(x);
-  auto logits = options_.tie_embeddings ? torch::nn::functional::linear(x, tok_emb->weight)
-                                        : lm_head(x);
+  auto logits = options_.tie_embeddings ? torch::linear(x, tok_emb->weight)
+                                        : linear(lm_head, x);
   if (cache != nullptr) cache->length += t;
   return logits;  // bf16 under bf16 autocast: lm_loss_sum works in float32
 }

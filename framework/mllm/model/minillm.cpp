@@ -48,7 +48,7 @@ MiniLLMFeedForwardImpl::MiniLLMFeedForwardImpl(int64_t d_model, int64_t d_ff) {
 }
 
 torch::Tensor MiniLLMFeedForwardImpl::forward(const torch::Tensor& x) {
-  return fc2(torch::relu(fc1(x)));
+  return linear(fc2, torch::relu(linear(fc1, x)));
 }
 
 MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {
@@ -118,7 +118,7 @@ torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
       return block->forward(in, blocked, 0, nullptr, nullptr);
     });
   }
-  auto logits = lm_head(x);  // bf16 under bf16 autocast: lm_loss_sum works in float32
+  auto logits = linear(lm_head, x);  // bf16 under bf16 autocast: lm_loss_sum works in float32
   if (cache != nullptr) cache->length += t;
   return logits;
 }

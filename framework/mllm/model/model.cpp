@@ -112,6 +112,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return torch::linear(x, layer->weight, layer->bias);
+}
+
 void init_weights(torch::nn::Module& model, double std, int64_t n_layers,
                   const std::vector<std::string>& residual_suffixes) {
   torch::NoGradGuard no_grad;

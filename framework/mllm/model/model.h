@@ -147,6 +147,14 @@ void register_builtin_models();
 // Building blocks the model families share, for the built-ins and for plugin models
 // (examples/plugin/gelu_plugin.cpp uses them).
 
+// x [..., in] -> [..., out] = x @ layer->weight^T + layer->bias, through ATen's linear op as
+// PyTorch's nn.Linear calls it (a contiguous 3-D input with a bias is one addmm). Use it instead
+// of layer(x): the C++ frontend's Linear::forward decomposes into matmul(x, weight.t()) plus a
+// separate bias add, so bf16 autocast sees a view of the weight, which it cannot cache, and
+// casts every weight again on every call; through linear it casts weight and bias once per
+// optimizer step (docs/precision.md). Same errors as torch::linear.
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
+
 // Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight
 // and embedding table ~ normal(0, std); weights whose name ends in one of `residual_suffixes`
 // ~ normal(0, std / sqrt(2 n_layers)) (GPT-2 / Megatron residual scaling); biases 0; norm

@@ -5,13 +5,16 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "mllm/core/error.h"
 #include "mllm/model/attention.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
+#include "mllm/model/model.h"
 #include "model_test_util.h"
 
 namespace mllm {
@@ -334,6 +337,50 @@ TEST(ModelRegistryTest, BuildsBothFamiliesAndRejectsBadConfigs) {
   c.n_heads = 3;  // 16 % 3 != 0
   EXPECT_THROW(model_registry().create("minillm", c, 37, 8), ConfigError);
   EXPECT_THROW(model_registry().create("minillm", tiny_config("minillm"), 0, 8), ConfigError);
+}
+
+// The autograd node that feeds `weight`'s gradient accumulator in the graph of `out` (null if
+// none): the bf16 cast of the weight under autocast.
+torch::autograd::Node* node_feeding(const torch::Tensor& out, const torch::Tensor& weight) {
+  auto acc = torch::autograd::impl::grad_accumulator(weight);
+  std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    for (const auto& e : n->next_edges()) {
+      if (e.function.get() == acc.get()) return n;
+      todo.push_back(e.function.get());
+    }
+  }
+  return nullptr;
+}
+
+TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
+  // Two calls under one autocast cache (two micro-batches of a step) share one bf16 cast of the
+  // weight and of the bias; torch::nn::Linear's own forward (matmul with weight.t(), a view)
+  // makes a new cast per call, which is why the models call mllm::linear.
+  torch::manual_seed(1);
+  torch::nn::Linear layer(8, 4);
+  auto x = torch::randn({2, 3, 8});
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  auto y1 = linear(layer, x), y2 = linear(layer, x);
+  auto f1 = layer->forward(x), f2 = layer->forward(x);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(y1.scalar_type(), torch::kBFloat16);
+  ASSERT_NE(node_feeding(y1, layer->weight), nullptr);
+  EXPECT_EQ(node_feeding(y1, layer->weight), node_feeding(y2, layer->weight));
+  ASSERT_NE(node_feeding(y1, layer->bias), nullptr);
+  EXPECT_EQ(node_feeding(y1, layer->bias), node_feeding(y2, layer->bias));
+  EXPECT_NE(node_feeding(f1, layer->weight), node_feeding(f2, layer->weight));
+  // The value: x @ W^T + b in float64 from the bf16-rounded operands, within bf16's rounding of
+  // the result (8 significant bits).
+  auto r = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
+  auto want = torch::matmul(r(x), r(layer->weight).t()) + r(layer->bias);
+  EXPECT_TRUE(torch::allclose(y1.to(torch::kDouble), want, /*rtol=*/1.0 / 128, /*atol=*/1e-3));
 }
 
 TEST(LossTest, HandComputedCrossEntropy) {
