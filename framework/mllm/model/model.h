@@ -77,8 +77,8 @@ class LanguageModel : public torch::nn::Module {
   // cache.length + new - 1 -> logits [batch, new, vocab] float32 (bf16 under bf16 autocast),
   // and appends their keys and values to `cache` (an empty cache is initialised). Equal to the
   // matching slice of forward() over the whole sequence (up to float rounding). Throws
-  // mllm::Error when
-  // cache.length + new > max_seq_len() or the batch differs from the cached one.
+  // mllm::Error when cache.length + new > max_seq_len() or the batch differs from the cached
+  // one.
   virtual torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) = 0;
 
   virtual int64_t vocab_size() const = 0;
