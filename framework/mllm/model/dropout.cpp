@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
 #include <type_traits>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <fmt/format.h>
 
 #include "mllm/core/error.h"
@@ -45,23 +45,9 @@ void mask_pairs_f32(const float* __restrict src, float* __restrict dst, int64_t 
   }
 }
 
-// bf16 bits <-> float32, as c10::BFloat16 converts (round to nearest even; NaN -> 0x7FC0), in
-// integer arithmetic that the compiler vectorizes.
-inline float bf16_to_f32(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
-}
-
 // mask_pairs_f32 for bf16 data (bits as uint16): a dropped element is +0, a kept one
-// bf16(float(src) * scale) — the bits the generic per-element loop below produces.
+// bf16(float(src) * scale) — the bits the generic per-element loop below produces, through
+// c10::BFloat16's own conversions (round to nearest even), which the compiler vectorizes.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif
@@ -70,8 +56,9 @@ void mask_pairs_bf16(const uint16_t* __restrict src, uint16_t* __restrict dst, i
   for (int64_t j = jb; j < je; ++j) {
     const uint64_t h = mix(seed, static_cast<uint64_t>(j));
     const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
-    const uint16_t v0 = f32_to_bf16(bf16_to_f32(src[2 * j]) * scale);
-    const uint16_t v1 = f32_to_bf16(bf16_to_f32(src[2 * j + 1]) * scale);
+    using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+    const uint16_t v0 = round_to_nearest_even(f32_from_bits(src[2 * j]) * scale);
+    const uint16_t v1 = round_to_nearest_even(f32_from_bits(src[2 * j + 1]) * scale);
     dst[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
     dst[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
   }

@@ -48,8 +48,8 @@ torch::Tensor row_losses(const torch::Tensor& x, const torch::Tensor& targets,
   return (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0);
 }
 
-// x [rows, vocab] bf16 or half contiguous, targets [rows] int64 -> per-row log-sum-exp [rows]
-// float32 (the same max / exp / sum as row_losses, over float32 copies of cache-sized chunks).
+// x [rows, vocab] bf16 or half contiguous -> per-row log-sum-exp [rows] float32 (the same max /
+// exp / sum as row_losses, over float32 copies of cache-sized chunks).
 torch::Tensor row_lse_reduced(const torch::Tensor& x) {
   const int64_t rows = x.size(0), vocab = x.size(1), step = chunk_rows(x);
   const auto f32 = x.options().dtype(torch::kFloat);
@@ -65,6 +65,14 @@ torch::Tensor row_lse_reduced(const torch::Tensor& x) {
   return lse;
 }
 
+// x [rows, vocab] bf16 or half, targets [rows] int64, lse [rows] float32 -> [] float32: the sum
+// over non-pad rows of lse - x[target].
+torch::Tensor reduced_loss_sum(const torch::Tensor& x, const torch::Tensor& targets,
+                               const torch::Tensor& lse) {
+  torch::Tensor target_logit = x.gather(1, targets.unsqueeze(1)).squeeze(1).to(torch::kFloat);
+  return (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
+}
+
 // The same loss for bf16 / half logits (bf16 autocast), with float32 arithmetic throughout:
 // the forward pass keeps the logits as they are and one log-sum-exp per row; the backward pass
 // recomputes exp(x - lse) in float32, subtracts the one-hot there, and rounds the gradient to
@@ -76,10 +84,8 @@ class SummedCrossEntropyReduced : public torch::autograd::Function<SummedCrossEn
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& targets) {
     torch::Tensor lse = row_lse_reduced(x);
-    torch::Tensor target_logit = x.gather(1, targets.unsqueeze(1)).squeeze(1).to(torch::kFloat);
-    torch::Tensor loss = (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
     ctx->save_for_backward({x, lse, targets});
-    return loss;
+    return reduced_loss_sum(x, targets, lse);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -159,9 +165,7 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
   if (reduced) {
     if (grad) return SummedCrossEntropyReduced::apply(x, t);
     torch::NoGradGuard no_grad;
-    return (row_lse_reduced(x) - x.gather(1, t.unsqueeze(1)).squeeze(1).to(torch::kFloat))
-        .masked_fill_(t.eq(kPadId), 0.0)
-        .sum();
+    return reduced_loss_sum(x, t, row_lse_reduced(x));
   }
   if (grad) return SummedCrossEntropy::apply(x, t);
   torch::NoGradGuard no_grad;
