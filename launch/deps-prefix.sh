@@ -220,12 +220,20 @@ export PATH="$prefix/usr/bin:\$PATH"
 export LD_LIBRARY_PATH="$lib:$ompi/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}"
 export CMAKE_PREFIX_PATH="$prefix/usr\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}"
-# OpenMPI was built for /usr: its components and help files (OPAL_PREFIX), Debian's MCA settings
-# in /etc/openmpi (OPAL_SYSCONFDIR: without them it picks libfabric's TCP provider over ob1), and
-# the external PMIx's components (else every start prints "Sorry! You were supposed to get help").
+# OpenMPI was built for /usr: its components and help files (OPAL_PREFIX), and Debian's MCA
+# settings in /etc/openmpi (OPAL_SYSCONFDIR: without them it picks libfabric's TCP provider over
+# ob1).
 export OPAL_PREFIX="$prefix/usr"
 export OPAL_SYSCONFDIR="$prefix/etc/openmpi"
-export PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"
+# The external PMIx loads its plugins from the folder it was built for,
+# /usr/lib/$ARCH_TRIPLET/pmix2/lib/pmix, whatever PMIX_MCA_mca_base_component_path says. On a
+# machine with another PMIx version there (the GPU image has one) it loads that version's
+# plugins into this one: on the first GPU check one failed ("undefined symbol:
+# pmix_output_info") and two loaded. mllm needs none of them (compression of large start-up
+# data, Slurm's remaining-time query), so PMIx loads none, and does not warn about the missing
+# compression.
+export PMIX_MCA_mca_base_component_disable_dlopen=1
+export PMIX_MCA_pcompress_base_silence_warning=1
 ENV
   echo "deps-prefix: source $prefix/env.sh, then configure with:"
   echo "  cmake -S . -B build $(cmake_args "$prefix")"

@@ -40,9 +40,18 @@ stale=$(grep -l -E '^(prefix|libdir|includedir|exec_prefix)=/usr' -r "$P" --incl
 [ -z "$stale" ] || fail ".pc files still point at /usr: $stale"
 grep -q "^prefix=$P\$" "$P/lib/x86_64-linux-gnu/pkgconfig/sentencepiece.pc" || fail "sentencepiece.pc: $(head -1 "$P/lib/x86_64-linux-gnu/pkgconfig/sentencepiece.pc")"
 for var in PATH LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH OPAL_PREFIX OPAL_SYSCONFDIR \
-           PMIX_MCA_mca_base_component_path; do
+           PMIX_MCA_mca_base_component_disable_dlopen PMIX_MCA_pcompress_base_silence_warning; do
   grep -q "^export $var=" "$WORK/prefix/env.sh" || fail "env.sh does not export $var"
 done
+# The prefix's PMIx loads no plugin from the system's PMIx folder, which on the GPU image holds
+# another PMIx version's (it looks there whatever its component path says). This machine's
+# own PMIx, when installed, stands in for that one.
+sys_pmix=/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
+if [ -d "$sys_pmix" ]; then
+  opened=$( (source "$WORK/prefix/env.sh" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+             LD_DEBUG=files "$P/bin/mpirun" -np 1 true 2>&1) | grep -o "file=$sys_pmix/[^ ]*" | sort -u || true)
+  [ -z "$opened" ] || fail "the prefix's PMIx loaded the system's plugins: $opened"
+fi
 [ -x "$P/bin/pkg-config" ] || fail "no pkg-config in the prefix"
 
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: hiding the system's packages needs root (unshare -m, bind mounts)"; exit 77; fi

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "mllm/core/crash_report.h"
 #include "mllm/core/error.h"
 #include "mllm/core/trace.h"
 #include "mllm/core/logging.h"
@@ -227,6 +228,10 @@ void ensure_mpi_initialized() {
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     detail::check_mpi(rc, "MPI_Init_thread", -1);
     detail::g_we_initialised = true;
+    // MPI_Init put OpenMPI's fatal-signal handlers in place; ours goes in front of them again.
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    install_crash_report(world_rank);
     std::atexit(detail::finalize_mpi_at_exit);
   }
   if (provided < MPI_THREAD_SERIALIZED)

@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "mllm/core/crash_report.h"
 #include "mllm/core/error.h"
 #include "mllm/core/logging.h"
 #include "mllm/core/recipe.h"
@@ -98,6 +99,7 @@ int run_guarded(const char* program, const std::function<int()>& body) {
     std::fprintf(stderr, "%s: %s; using info\n", program, e.what());
   }
   init_logging(rank, world, level);
+  install_crash_report(rank);
   try {
     return body();
   } catch (...) {
