@@ -454,8 +454,10 @@ double gemm_gflops(torch::ScalarType dtype, int64_t n, int reps) {
 }
 
 // A rate for the log: n=256 first; n=1024 when that is fast enough to take well under a second.
+// Best of 3 at n=256: one product there is a few milliseconds, as long as waking a thread pool
+// can take (16 threads of a GPU machine's VM read 4.2 GFLOP/s from a single product).
 double quick_gflops(torch::ScalarType dtype) {
-  const double small = gemm_gflops(dtype, 256, 1);
+  const double small = gemm_gflops(dtype, 256, 3);
   return small > 5.0 ? gemm_gflops(dtype, 1024, 2) : small;
 }
 }  // namespace
