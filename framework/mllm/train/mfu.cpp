@@ -1,9 +1,14 @@
 // The MFU denominator measured on the job's hardware (see mfu.h).
 #include "mllm/train/mfu.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
+#include <vector>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -46,12 +51,48 @@ double measure_peak_flops(bool bf16, const torch::Device& device) {
   return 2.0 * n * n * n / best_s;
 }
 
+namespace {
+
+// Whether the ranks on this process's node are bound to pairwise disjoint CPU sets (mpirun's
+// default --bind-to core for up to 2 ranks and --bind-to socket above, srun --cpu-bind): then each
+// rank has cores that no other rank of the node can use, and no single rank can time the
+// node. Collective; every rank of a node gets the same answer; false for a rank alone on its node.
+bool node_ranks_bound_apart(Communicator& comm) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  sched_getaffinity(0, sizeof(mine), &mine);
+  std::string placement(host);  // the node's name, a NUL, the affinity mask's bytes
+  placement.push_back('\0');
+  placement.append(reinterpret_cast<const char*>(&mine), sizeof(mine));
+  const std::vector<std::string> all = comm.all_gather(placement);
+  std::vector<cpu_set_t> node;
+  for (const std::string& p : all) {
+    if (p.size() != placement.size() || std::strcmp(p.c_str(), host) != 0) continue;
+    cpu_set_t set;
+    std::memcpy(&set, p.data() + p.size() - sizeof(set), sizeof(set));
+    node.push_back(set);
+  }
+  if (node.size() < 2) return false;
+  for (size_t i = 0; i < node.size(); ++i)
+    for (size_t j = i + 1; j < node.size(); ++j) {
+      cpu_set_t both;
+      CPU_AND(&both, &node[i], &node[j]);
+      if (CPU_COUNT(&both) > 0) return false;
+    }
+  return true;
+}
+
+}  // namespace
+
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device) {
   const char* dtype = bf16 ? "bf16" : "fp32";
   JobPeak peak;
   double mine = 0, mine_fp32 = 0, mine_bf16 = 0;
   bool measures = false;
   std::string where;
+  const char* unit = "GPU(s)";
   comm.barrier();  // nobody is still building: the measurement has the node to itself
   if (device.is_cuda()) {
     // One rank per GPU (rank_device: cuda:(local_rank % GPUs)), all at once: GPUs share nothing.
@@ -61,8 +102,12 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
   } else {
     // One rank per node with all the node's usable cores; the others sleep in the barrier
     // below (a sleeping wait, mpi_runtime.h), so the GEMM is not sharing the cores with them.
+    // Ranks bound to disjoint cores instead all time their own cores at once, as they train
+    // (rank 0 alone would time only its share of the node: 2 ranks bound to a core each logged
+    // an MFU of 130%).
+    const bool bound_apart = node_ranks_bound_apart(comm);
     const int cores = usable_cpus();
-    measures = comm.local_rank() == 0;
+    measures = bound_apart || comm.local_rank() == 0;
     if (measures) {
       const int before = at::get_num_threads();
       at::set_num_threads(cores);
@@ -74,9 +119,15 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
       mine = bf16 ? mine_bf16 : mine_fp32;
       at::set_num_threads(before);
     }
-    where = fmt::format("with {} {} on the {} usable core(s) of each node (affinity and cgroup "
-                        "quota), while the node's other ranks waited", probe_blas().library,
-                        probe_blas().path, cores);
+    if (bound_apart)
+      where = fmt::format("with {} {} by every rank at once on its own cores (the ranks of a "
+                          "node are bound to disjoint cores; rank {} has {})",
+                          probe_blas().library, probe_blas().path, comm.rank(), cores);
+    else
+      where = fmt::format("with {} {} on the {} usable core(s) of each node (affinity and cgroup "
+                          "quota), while the node's other ranks waited", probe_blas().library,
+                          probe_blas().path, cores);
+    unit = bound_apart ? "rank(s)" : "node(s)";
   }
   comm.barrier();
   torch::Tensor sums =
@@ -88,8 +139,7 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
   const int timed = static_cast<int>(sums[3].item<double>());
   peak.nodes = device.is_cuda() ? 0 : timed;
   peak.how = fmt::format("measured {} GEMM (n={}, random operands, best of 5) {}, summed over {} "
-                         "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed,
-                         device.is_cuda() ? "GPU(s)" : "node(s)");
+                         "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed, unit);
   return peak;
 }
 

@@ -23,7 +23,8 @@ double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device
 
 struct JobPeak {
   double flops = 0;        // FLOP/s of the whole job (all nodes)
-  int nodes = 0;           // nodes that measured (one CPU measurement per node)
+  int nodes = 0;           // CPU measurements summed (one per node, or one per rank when the
+                           // ranks of a node are bound to disjoint cores); 0 on a GPU
   // CPU: the job's GEMM rates in both dtypes (FLOP/s, nodes summed; `flops` is one of them, by
   // train.precision), to say whether bf16 is expected to be faster here; 0 on a GPU, and bf16's
   // 0 for an fp32 run on a CPU without bf16 units (avx512_bf16, amx_bf16: not timed there).
@@ -33,7 +34,9 @@ struct JobPeak {
 
 // Collective. CPU: on each node one rank (local rank 0) times the GEMM with usable_cpus()
 // threads (affinity and cgroup quota: the cores this node's ranks share) while the node's other
-// ranks wait, sleeping, in a barrier; the nodes' rates are summed. CUDA: every GPU in use is
+// ranks wait, sleeping, in a barrier; the nodes' rates are summed. Where the ranks of a node are
+// bound to pairwise disjoint CPU sets (mpirun --bind-to core / socket), every rank times its own
+// cores instead, all at once, and every rank's rate is summed. CUDA: every GPU in use is
 // timed once (by the first local rank on it), all at the same moment; the rates are summed.
 // `bf16`: the GEMM in bf16 (train.precision), else fp32; on the CPU the other dtype is timed too
 // (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for). Restores this
