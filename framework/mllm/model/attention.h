@@ -56,8 +56,9 @@ bool uses_sdpa(const std::string& impl, const torch::Device& device);
 // r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv).
 // eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax, dropout, weighted sum of
 // values, o_proj — the reference path. float32 scores when autocast is off; under bf16 autocast
-// the scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the
-// softmax kernels accumulate in float32 and round once).
+// the scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask
+// added as a bias of 0 / -1e9, which gives masked_fill's values; the softmax kernels accumulate
+// in float32 and round once).
 // sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
 // causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
 // rows behave as in eager). Agrees with eager to float rounding; its dropout draws other

@@ -383,6 +383,64 @@ TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
   EXPECT_TRUE(torch::allclose(y1.to(torch::kDouble), want, /*rtol=*/1.0 / 128, /*atol=*/1e-3));
 }
 
+// Eager attention under bf16 autocast adds the mask as a bias (0 / -1e9) instead of masked_fill:
+// the reference here is the masked_fill formula written out with the same parameters and ops.
+// Outputs agree bit for bit, also in rows where every key is masked (uniform attention), and so
+// do the weights' gradients from a loss that reads no such row (as training's loss reads no padding
+// query). Two masks in a row, and one changed in place, check that a cached bias is not reused.
+TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
+  torch::manual_seed(3);
+  AttentionOptions o;
+  o.d_model = 16;
+  o.n_heads = 2;
+  o.n_kv_heads = 2;
+  Attention attn(o);
+  const int64_t b = 2, t = 5, h = 2, hd = 8;
+  auto reference = [&](const torch::Tensor& x, const torch::Tensor& blocked) {
+    auto heads = [&](const torch::nn::Linear& p) {
+      return at::linear(x, p->weight, p->bias).view({b, t, h, hd}).transpose(1, 2);
+    };
+    auto scores = torch::matmul(heads(attn->q_proj) * (1.0 / std::sqrt(8.0)),
+                                heads(attn->k_proj).transpose(-2, -1));
+    scores.masked_fill_(blocked, -1e9);
+    auto out = torch::matmul(torch::softmax(scores, -1), heads(attn->v_proj));
+    return at::linear(out.transpose(1, 2).reshape({b, t, h * hd}), attn->o_proj->weight,
+                      attn->o_proj->bias);
+  };
+  // Row 0 padded on the right (keys 3, 4), row 1 on the left (keys 0, 1): row 1's queries 0
+  // and 1 see no key at all.
+  auto key_pad = torch::zeros({b, t}, torch::kBool);
+  key_pad.index_put_({0, torch::indexing::Slice(3, 5)}, true);
+  key_pad.index_put_({1, torch::indexing::Slice(0, 2)}, true);
+  auto padded = blocked_mask(key_pad, t, 0);                         // [2, 1, 5, 5]
+  auto causal = blocked_mask(torch::zeros({b, t}, torch::kBool), t, 0);
+  auto reads = torch::ones({b, t, 1});  // the loss's weight per query: 0 for row 1's first two
+  reads.index_put_({1, torch::indexing::Slice(0, 2)}, 0.0);
+  auto w = torch::randn({b, t, o.d_model});
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  for (const auto& blocked : {padded, causal, padded}) {
+    auto x = torch::randn({b, t, o.d_model});
+    auto got = attn->forward(x, blocked, nullptr, 0);
+    auto want = reference(x, blocked);
+    ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got, want));
+    // The weights' gradients: each weight's bf16 cast is used once, so they are exact; x's
+    // sums three bf16 branches in the cast's buffer, in an order that follows the graph.
+    const std::vector<torch::Tensor> weights{attn->q_proj->weight, attn->k_proj->weight,
+                                             attn->v_proj->weight, attn->o_proj->weight};
+    auto g = torch::autograd::grad({(got.to(torch::kFloat) * w * reads).sum()}, weights);
+    auto r = torch::autograd::grad({(want.to(torch::kFloat) * w * reads).sum()}, weights);
+    for (size_t i = 0; i < weights.size(); ++i) EXPECT_TRUE(torch::equal(g[i], r[i])) << i;
+  }
+  // The same mask tensor changed in place: the bias follows it.
+  padded.index_put_({0, 0, 4, 0}, true);  // query 4 of row 0 no longer sees key 0
+  auto x = torch::randn({b, t, o.d_model});
+  EXPECT_TRUE(torch::equal(attn->forward(x, padded, nullptr, 0), reference(x, padded)));
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+}
+
 TEST(LossTest, HandComputedCrossEntropy) {
   // Row 0: uniform logits over 4 tokens -> ln 4 per target. Row 1: logits ln(1..4) -> softmax
   // (0.1, 0.2, 0.3, 0.4); target 3 -> -ln 0.4. Pad targets (0) are skipped.
