@@ -48,7 +48,8 @@ namespace {
 // thread_local one would outlive the device's allocator at exit.)
 torch::Tensor additive_mask(const torch::Tensor& blocked, torch::ScalarType dtype) {
   auto build = [&] {
-    return torch::zeros(blocked.sizes(), blocked.options().dtype(dtype)).masked_fill_(blocked, -1e9);
+    auto bias = torch::zeros(blocked.sizes(), blocked.options().dtype(dtype));
+    return bias.masked_fill_(blocked, -1e9);
   };
   if (!blocked.is_cpu()) return build();
   thread_local torch::Tensor last_mask, last_bias;
@@ -143,7 +144,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // bf16 — what the float32 path fed to the bf16 product anyway. The backward's error against
   // float64 is 2.3e-3 relative, against 1.7e-3 for a float32 backward rounded to bf16
   // (docs/precision.md); the float32 copies of [b, h, t, keys] and their casts are gone.
-  if (scores.scalar_type() == torch::kFloat) {
+  if (scores.scalar_type() != torch::kBFloat16) {
     scores.masked_fill_(blocked, -1e9);
   } else {
     // bf16: the mask as an additive bias, 0 or -1e9 (bf16(-1e9) = -999,817,216). The sum equals
