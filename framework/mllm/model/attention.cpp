@@ -45,7 +45,8 @@ namespace {
 // asked for is kept (with the mask, so that its storage is not reused while the entry lives,
 // and the mask's version, so that an in-place change is seen) and served again for the same
 // mask, once per forward instead of once per block. (No cache for device tensors: a
-// thread_local one would outlive the device's allocator at exit.)
+// thread_local one would outlive the device's allocator at exit.) Used by eager attention on
+// bf16 scores and by sdpa's attn_mask.
 torch::Tensor additive_mask(const torch::Tensor& blocked, torch::ScalarType dtype) {
   auto build = [&] {
     auto bias = torch::zeros(blocked.sizes(), blocked.options().dtype(dtype));
@@ -119,8 +120,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
       out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
     } else {
       // Additive, as eager's masked_fill(-1e9): rows with every key masked stay finite.
-      auto bias = torch::zeros(blocked.sizes(), q.options()).masked_fill(blocked, -1e9);
-      out = at::scaled_dot_product_attention(q, k, v, bias, p, /*is_causal=*/false);
+      out = at::scaled_dot_product_attention(q, k, v, additive_mask(blocked, q.scalar_type()), p,
+                                             /*is_causal=*/false);
     }
     return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
   }

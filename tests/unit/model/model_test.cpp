@@ -417,8 +417,7 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   auto reads = torch::ones({b, t, 1});  // the loss's weight per query: 0 for row 1's first two
   reads.index_put_({1, torch::indexing::Slice(0, 2)}, 0.0);
   auto w = torch::randn({b, t, o.d_model});
-  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-  at::autocast::set_autocast_enabled(at::kCPU, true);
+  CpuBf16Autocast autocast;
   for (const auto& blocked : {padded, causal, padded}) {
     auto x = torch::randn({b, t, o.d_model});
     auto got = attn->forward(x, blocked, nullptr, 0);
@@ -437,8 +436,6 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   padded.index_put_({0, 0, 4, 0}, true);  // query 4 of row 0 no longer sees key 0
   auto x = torch::randn({b, t, o.d_model});
   EXPECT_TRUE(torch::equal(attn->forward(x, padded, nullptr, 0), reference(x, padded)));
-  at::autocast::set_autocast_enabled(at::kCPU, false);
-  at::autocast::clear_cache();
 }
 
 TEST(LossTest, HandComputedCrossEntropy) {
