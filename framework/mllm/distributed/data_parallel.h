@@ -199,7 +199,7 @@ class DataParallel {
   // exceeds it, every gradient is multiplied by max_norm / norm (as torch.nn.utils.
   // clip_grad_norm_, without its 1e-6 guard, which only matters for norms near 0 where nothing is
   // clipped). A non-finite norm is returned without clipping. Returns the pre-clip norm.
-  // Stage 1: the sum of squares of this rank's gradient slices (float64, element order) is
+  // Stage 1: the sum of squares of this rank's gradient slices (float64, fixed order) is
   // all-reduced (one collective, rank-ordered), so every rank gets the same norm; it can differ
   // from stage 0's in the last bits (another summation order). Clipping scales the slices.
   double clip_grad_norm(double max_norm);

@@ -3,6 +3,7 @@
 // normalisation, clipping, unused parameters, and misuse errors.
 #include <cmath>
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include "distributed/tiny_lm.h"
@@ -181,6 +182,42 @@ TEST(DataParallel, OneRankFourMicroStepsEqualsFullBatch) {
     const double scale_ref = want.abs().max().item<double>();
     EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * scale_ref) << kv.key();
   }
+}
+
+// Large gradients (many of the norm's 65,536-element blocks, and a tail that fills only some
+// of a block's 8 lanes): the norm against independent sums, and the same bits whatever the
+// thread count.
+TEST(DataParallel, GradNormOfLargeGradientsIsExactAndThreadCountFree) {
+  struct W : torch::nn::Module {
+    W() {
+      a = register_parameter("a", torch::zeros({3 * 65536 + 13}));
+      b = register_parameter("b", torch::zeros({1000, 777}));
+    }
+    torch::Tensor a, b;
+  };
+  auto m = std::make_shared<W>();
+  DataParallel dp(m, single(), 1 << 20);
+  // a: every element 0.5 (each square 0.25, every partial sum exact in float64); b: random.
+  const int64_t na = 3 * 65536 + 13;
+  torch::manual_seed(7);
+  const torch::Tensor gb = torch::randn({1000, 777});
+  ((m->a * 0.5f).sum() + (m->b * gb).sum()).backward();
+  dp.finish_gradient_sync();
+  // Reference: the squares of b summed in long double, element by element, plus a's 0.25 * na.
+  long double ref = 0.25L * na;
+  const float* p = gb.data_ptr<float>();
+  for (int64_t i = 0; i < gb.numel(); ++i) ref += static_cast<long double>(p[i]) * p[i];
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = dp.clip_grad_norm(0.0);
+  at::set_num_threads(2);
+  const double two = dp.clip_grad_norm(0.0);
+  at::set_num_threads(threads);
+  EXPECT_EQ(one, two);  // bitwise
+  EXPECT_NEAR(one, std::sqrt(static_cast<double>(ref)), 1e-13 * one);
+  // a alone: exact.
+  m->b.grad().zero_();
+  EXPECT_EQ(dp.clip_grad_norm(0.0), std::sqrt(0.25 * na));
 }
 
 TEST(DataParallel, ClipsByGlobalNorm) {
