@@ -1,6 +1,7 @@
 // The build compiles mllm (and these tests, through the same precompiled header) with OpenMP:
 // at::parallel_for is a header template that runs everything on the calling thread where the
 // including code is compiled without it, as mllm's own kernels (dropout, the gradient norm) did.
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
