@@ -9,7 +9,8 @@ source "$(dirname "$0")/common.sh"
 "$MLLM_TORCH_PYTHON" -c "import tensorboard" || fail "no tensorboard in $MLLM_TORCH_PYTHON (launch/install-deps.sh installs it)"
 OUT="$WORK/run"
 ARGS=(train.max_steps=8 log.every_steps=1 checkpoint.every_steps=4 eval.every_steps=4
-      sample.every_steps=4 sample.max_new_tokens=8 log.tensorboard=true "profile.steps=[3,4]")
+      sample.every_steps=4 sample.max_new_tokens=8 log.tensorboard=true "profile.steps=[3,4]"
+      profile.record_shapes=true)
 
 # A crash at step 6 (rank 1), after the save at step 4 and the lines of steps 5-6; then a resume
 # (with a changed lr: a resume event) to the end.
@@ -90,6 +91,13 @@ for need in ("step 3", "step 4", "data loading", "forward", "backward", "wait fo
 assert "step 2" not in names and "step 5" not in names, sorted(names)
 assert any(re.fullmatch(r"bucket \d+ all-reduce", n) for n in names), sorted(names)
 assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in ops), "no matmul op"
+# profile.record_shapes: a projection's addmm has tiny.yaml's shapes (micro-batch 2 x seq 32 =
+# 64 tokens, d_model 32: bias [32], input [64, 32], weight^T [32, 32]), float32.
+proj = [e for e in ops if e["name"] == "aten::addmm" and
+        e.get("args", {}).get("Input Dims", [])[:3] == [[32], [64, 32], [32, 32]]]
+assert proj, "no aten::addmm with a projection's input shapes: " + str(
+    [e.get("args", {}).get("Input Dims") for e in ops if e["name"] == "aten::addmm"][:4])
+assert proj[0]["args"]["Input type"][:3] == ["float", "float", "float"], proj[0]["args"]
 # Clock: the ops of forward run inside our forward ranges, on the same thread.
 fwd = [e for e in ours if e["name"] == "forward"]
 inside = [o for o in ops if any(f["tid"] == o["tid"] and f["ts"] <= o["ts"] and

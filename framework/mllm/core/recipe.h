@@ -154,6 +154,9 @@ struct ProfileConfig {
   // [FIRST, LAST]: record optimizer steps FIRST..LAST (1-based, as logged) with LibTorch's
   // profiler into RUN/profile/rank_NN.json; empty = off.
   std::vector<int64_t> steps;
+  // Also record each op's input shapes and dtypes (the trace's "Input Dims" / "Input type"
+  // args; torch.profiler's record_shapes): more overhead per op, so off by default.
+  bool record_shapes = false;
 };
 
 // A whole experiment. Defaults above are the DESIGN.md defaults.

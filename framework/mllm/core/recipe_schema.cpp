@@ -585,6 +585,9 @@ KeySpec recipe_schema(Recipe& r) {
                             "profiler plus mllm's named ranges (forward, backward, each bucket's "
                             "collectives, optimizer, data, checkpoint) into "
                             "RUN/profile/rank_NN.json, a Chrome trace for Perfetto"),
+          key("record_shapes", r.profile.record_shapes, "also record each op's input shapes "
+              "and dtypes (the trace's Input Dims and Input type; torch.profiler's "
+              "record_shapes); adds overhead to every recorded op"),
       }),
   });
   // One top-level section per callback that declares options (its plugin is loaded), after the

@@ -28,7 +28,9 @@ std::set<ActivityType> activities(const torch::Device& device) {
 
 class ProfilerCallback : public Callback {
  public:
-  explicit ProfilerCallback(const Recipe& r) : first_(r.profile.steps.at(0)), last_(r.profile.steps.at(1)) {}
+  explicit ProfilerCallback(const Recipe& r)
+      : first_(r.profile.steps.at(0)), last_(r.profile.steps.at(1)),
+        record_shapes_(r.profile.record_shapes) {}
 
   void on_train_begin(Trainer& t) override {
     if (t.step() + 1 >= first_ && t.step() + 1 <= last_) start(t);
@@ -43,7 +45,8 @@ class ProfilerCallback : public Callback {
 
  private:
   void start(Trainer& t) {
-    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                                       /*report_input_shapes=*/record_shapes_);
     torch::autograd::profiler::prepareProfiler(config, activities(t.device()));
     torch::autograd::profiler::enableProfiler(config, activities(t.device()));
     trace::start();
@@ -78,6 +81,7 @@ class ProfilerCallback : public Callback {
   }
 
   int64_t first_, last_;
+  bool record_shapes_;
   int64_t begin_step_ = 0;
   bool recording_ = false;
 };
