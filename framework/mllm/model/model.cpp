@@ -8,7 +8,10 @@
 #include <tuple>
 #include <unordered_set>
 
+#include <ATen/autocast_mode.h>
+
 #include "mllm/core/error.h"
+#include "mllm/model/bf16_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/minillm.h"
 
@@ -113,7 +116,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return torch::linear(x, layer->weight, layer->bias);
+  const torch::Tensor& w = layer->weight;
+  if (torch::GradMode::is_enabled() && x.is_cpu() && w.scalar_type() == torch::kFloat &&
+      w.requires_grad() && at::autocast::is_autocast_enabled(at::kCPU) &&
+      at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 && bf16_weight_grad_uses_mkl())
+    return bf16_autocast_linear(x, w, layer->bias);
+  return torch::linear(x, w, layer->bias);
 }
 
 void init_weights(torch::nn::Module& model, double std, int64_t n_layers,

@@ -152,7 +152,10 @@ void register_builtin_models();
 // of layer(x): the C++ frontend's Linear::forward decomposes into matmul(x, weight.t()) plus a
 // separate bias add, so bf16 autocast sees a view of the weight, which it cannot cache, and
 // casts every weight again on every call; through linear it casts weight and bias once per
-// optimizer step (docs/precision.md). Same errors as torch::linear.
+// optimizer step (docs/precision.md). Training under CPU bf16 autocast (grad mode on, a float32
+// weight that requires grad) on a CPU where bf16_weight_grad_uses_mkl() goes through
+// bf16_autocast_linear (bf16_linear.h): the same forward values, the weight gradient computed in
+// float32 by oneMKL. Same errors as torch::linear.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight

@@ -1,6 +1,7 @@
 // Model behaviour for both families: causality, padding, all-pad rows, KV cache, bf16 autocast,
 // parameter counts and FLOPs against hand-computed formulas, init, registry and config errors.
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/model/attention.h"
+#include "mllm/model/bf16_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -357,30 +359,152 @@ torch::autograd::Node* node_feeding(const torch::Tensor& out, const torch::Tenso
   return nullptr;
 }
 
+// Counts the casts of a tensor of `shape` to another dtype (aten::_to_copy calls) while alive.
+class CastCounter {
+ public:
+  explicit CastCounter(std::vector<int64_t> shape) : shape_(std::move(shape)) {
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              if (std::string(fn.name()) == "aten::_to_copy" && !fn.inputs().empty() &&
+                  fn.inputs()[0].isTensor() && fn.inputs()[0].toTensor().sizes() == active_->shape_)
+                ++active_->count_;
+              return nullptr;
+            })
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION}));
+    active_ = this;
+  }
+  ~CastCounter() {
+    at::removeCallback(handle_);
+    active_ = nullptr;
+  }
+  int count() const { return count_; }
+
+ private:
+  static inline CastCounter* active_ = nullptr;
+  std::vector<int64_t> shape_;
+  int count_ = 0;
+  at::CallbackHandle handle_;
+};
+
 TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
   // Two calls under one autocast cache (two micro-batches of a step) share one bf16 cast of the
-  // weight and of the bias; torch::nn::Linear's own forward (matmul with weight.t(), a view)
-  // makes a new cast per call, which is why the models call mllm::linear.
+  // weight and of the bias, with or without grad mode's bf16_autocast_linear; torch::nn::Linear's
+  // own forward (matmul with weight.t(), a view) makes a new cast per call, which is why the
+  // models call mllm::linear.
   torch::manual_seed(1);
   torch::nn::Linear layer(8, 4);
   auto x = torch::randn({2, 3, 8});
+  torch::Tensor y1, y2, f1, f2;
+  int weight_casts = 0, bias_casts = 0;
   at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   at::autocast::set_autocast_enabled(at::kCPU, true);
-  auto y1 = linear(layer, x), y2 = linear(layer, x);
-  auto f1 = layer->forward(x), f2 = layer->forward(x);
+  {
+    CastCounter weights({4, 8});
+    y1 = linear(layer, x);
+    y2 = linear(layer, x);
+    weight_casts = weights.count();
+  }
+  {
+    CastCounter biases({4});
+    auto z = linear(layer, x);
+    bias_casts = biases.count();  // cached by the calls above: none
+  }
+  f1 = layer->forward(x);
+  f2 = layer->forward(x);
   at::autocast::set_autocast_enabled(at::kCPU, false);
   at::autocast::clear_cache();
   EXPECT_EQ(y1.scalar_type(), torch::kBFloat16);
-  ASSERT_NE(node_feeding(y1, layer->weight), nullptr);
-  EXPECT_EQ(node_feeding(y1, layer->weight), node_feeding(y2, layer->weight));
-  ASSERT_NE(node_feeding(y1, layer->bias), nullptr);
-  EXPECT_EQ(node_feeding(y1, layer->bias), node_feeding(y2, layer->bias));
+  EXPECT_EQ(weight_casts, 1);
+  EXPECT_EQ(bias_casts, 0);
   EXPECT_NE(node_feeding(f1, layer->weight), node_feeding(f2, layer->weight));
   // The value: x @ W^T + b in float64 from the bf16-rounded operands, within bf16's rounding of
   // the result (8 significant bits).
   auto r = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
   auto want = torch::matmul(r(x), r(layer->weight).t()) + r(layer->bias);
   EXPECT_TRUE(torch::allclose(y1.to(torch::kDouble), want, /*rtol=*/1.0 / 128, /*atol=*/1e-3));
+  EXPECT_TRUE(torch::equal(y1, y2));
+}
+
+// Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
+// |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
+// Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
+// meet it at these sizes.
+torch::Tensor float32_gemm_bound(const torch::Tensor& abs_terms_sum, int64_t n) {
+  const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
+  return abs_terms_sum * (nu / (1.0 - nu));
+}
+
+// Under CPU bf16 autocast with grad mode, the weight gradient of mllm::linear is a float32 GEMM
+// result where oneMKL is used (bf16_weight_grad_uses_mkl), or ATen's bf16 product otherwise; the
+// input gradient is the bf16 product cast to x's dtype, the bias gradient a bf16 sum; two
+// micro-batches accumulate. References: float64 products of the bf16-rounded operands.
+TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
+  torch::manual_seed(2);
+  torch::nn::Linear layer(64, 32);
+  const auto bf = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
+  torch::Tensor want_dw = torch::zeros({32, 64}, torch::kDouble);
+  torch::Tensor want_db = torch::zeros({32}, torch::kDouble);
+  torch::Tensor bound = torch::zeros({32, 64}, torch::kDouble);
+  std::vector<torch::Tensor> xs, dxs, gs;
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  for (int micro = 0; micro < 2; ++micro) {
+    auto x = torch::randn({3, 50, 64}, torch::requires_grad());
+    auto g = torch::randn({3, 50, 32}).to(torch::kBFloat16);
+    auto y = linear(layer, x);
+    ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+    y.backward(g);
+    const auto g2 = bf(g).reshape({-1, 32}), x2 = bf(x.detach()).reshape({-1, 64});
+    want_dw += g2.t().mm(x2);
+    want_db += g2.sum(0);
+    bound += float32_gemm_bound(g2.abs().t().mm(x2.abs()), 150);
+    ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
+    // dx: the bf16 product, rounded once to bf16 (relative 2^-8 with margin).
+    auto want_dx = g2.mm(bf(layer->weight.detach())).view({3, 50, 64});
+    EXPECT_LE((x.grad().to(torch::kDouble) - want_dx).abs().max().item<double>(),
+              std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
+  }
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  ASSERT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
+  auto dw = layer->weight.grad().to(torch::kDouble);
+  if (bf16_weight_grad_uses_mkl()) {
+    EXPECT_TRUE((dw - want_dw).abs().le(bound).all().item<bool>())
+        << "max error " << (dw - want_dw).abs().max().item<double>();
+    // Not rounded to bf16 on the way: most elements are not bf16 values.
+    auto w = layer->weight.grad();
+    EXPECT_GT(w.ne(w.to(torch::kBFloat16).to(torch::kFloat)).sum().item<int64_t>(), 32 * 64 * 9 / 10);
+  } else {
+    GTEST_LOG_(INFO) << "oneMKL's bf16 GEMM is not used on this CPU / LibTorch: ATen's bf16 product";
+    EXPECT_LE((dw - want_dw).abs().max().item<double>(),
+              std::ldexp(1.0, -7) * want_dw.abs().max().item<double>());
+  }
+  // The bias gradient: each micro-batch's sum rounded to bf16 once, then accumulated in float32.
+  EXPECT_LE((layer->bias.grad().to(torch::kDouble) - want_db).abs().max().item<double>(),
+            std::ldexp(1.0, -7) * want_db.abs().max().item<double>());
+}
+
+TEST(Linear, WeightGradFloat32AgainstFloat64AndItsErrors) {
+  torch::manual_seed(4);
+  auto g = torch::randn({777, 40}).to(torch::kBFloat16);
+  auto x = torch::randn({777, 96}).to(torch::kBFloat16);
+  auto dw = weight_grad_float32(g, x);
+  ASSERT_EQ(dw.scalar_type(), torch::kFloat);
+  ASSERT_EQ(dw.sizes(), (std::vector<int64_t>{40, 96}));
+  auto gd = g.to(torch::kDouble), xd = x.to(torch::kDouble);
+  auto err = (dw.to(torch::kDouble) - gd.t().mm(xd)).abs();
+  if (bf16_weight_grad_uses_mkl()) {
+    EXPECT_TRUE(err.le(float32_gemm_bound(gd.abs().t().mm(xd.abs()), 777)).all().item<bool>())
+        << "max error " << err.max().item<double>();
+  }
+  // A transposed (non-contiguous) operand gives the contiguous one's result; zero rows give 0.
+  auto gt = torch::randn({40, 777}).to(torch::kBFloat16).t();
+  EXPECT_TRUE(torch::equal(weight_grad_float32(gt, x), weight_grad_float32(gt.contiguous(), x)));
+  EXPECT_TRUE(weight_grad_float32(g.narrow(0, 0, 0), x.narrow(0, 0, 0)).eq(0).all().item<bool>());
+  EXPECT_THROW(weight_grad_float32(g.to(torch::kFloat), x), Error);
+  EXPECT_THROW(weight_grad_float32(g, x.narrow(0, 0, 5)), Error);
 }
 
 // Eager attention under bf16 autocast adds the mask as a bias (0 / -1e9) instead of masked_fill:
@@ -398,14 +522,13 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   const int64_t b = 2, t = 5, h = 2, hd = 8;
   auto reference = [&](const torch::Tensor& x, const torch::Tensor& blocked) {
     auto heads = [&](const torch::nn::Linear& p) {
-      return at::linear(x, p->weight, p->bias).view({b, t, h, hd}).transpose(1, 2);
+      return linear(p, x).view({b, t, h, hd}).transpose(1, 2);
     };
     auto scores = torch::matmul(heads(attn->q_proj) * (1.0 / std::sqrt(8.0)),
                                 heads(attn->k_proj).transpose(-2, -1));
     scores.masked_fill_(blocked, -1e9);
     auto out = torch::matmul(torch::softmax(scores, -1), heads(attn->v_proj));
-    return at::linear(out.transpose(1, 2).reshape({b, t, h * hd}), attn->o_proj->weight,
-                      attn->o_proj->bias);
+    return linear(attn->o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
   };
   // Row 0 padded on the right (keys 3, 4), row 1 on the left (keys 0, 1): row 1's queries 0
   // and 1 see no key at all.

@@ -1,0 +1,128 @@
+// The CPU bf16 autocast linear with a float32 weight gradient from oneMKL (bf16_linear.h).
+#include "mllm/model/bf16_linear.h"
+
+#include <dlfcn.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "mllm/core/blas.h"
+#include "mllm/core/error.h"
+
+namespace mllm {
+namespace {
+
+// oneMKL's cblas_gemm_bf16bf16f32 (oneMKL Developer Reference, "cblas_gemm_bf16bf16f32"):
+// C = alpha * op(A) * op(B) + beta * C with bf16 A and B and float32 C. The CBLAS enums are C
+// enums; MKL_INT is int in the LP64 interface LibTorch's wheels link (the unit test checks a
+// product against float64, which a wrong integer width would not pass).
+using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int n, int k,
+                                 float alpha, const void* a, int lda, const void* b, int ldb,
+                                 float beta, float* c, int ldc);
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+
+GemmBf16Bf16F32 mkl_gemm() {
+  static const GemmBf16Bf16F32 fn = [] {
+    const char* choice = std::getenv("MLLM_BF16_WEIGHT_GRAD");
+    if (choice != nullptr && std::strcmp(choice, "aten") == 0) return GemmBf16Bf16F32{nullptr};
+    const CpuIsa isa = detect_cpu_isa();
+    if (!isa.avx512_bf16 && !isa.amx_bf16) return GemmBf16Bf16F32{nullptr};
+    return reinterpret_cast<GemmBf16Bf16F32>(::dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
+  }();
+  return fn;
+}
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
+ public:
+  // w16, b16: the bf16 copies of weight and bias, detached (their gradients go to weight and
+  // bias directly, in float32).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight,
+                               const std::optional<torch::Tensor>& bias, const torch::Tensor& w16,
+                               const std::optional<torch::Tensor>& b16) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    torch::Tensor x16 = x.scalar_type() == torch::kBFloat16 ? x : x.to(torch::kBFloat16);
+    ctx->save_for_backward({x16, w16});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["bias"] = bias.has_value();
+    // What autocast's linear runs on the same bf16 operands (one addmm for a contiguous input
+    // with a bias), so the values are autocast's bit for bit.
+    return at::linear(x16, w16, b16);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x16 = saved[0];
+    const torch::Tensor& w16 = saved[1];
+    const int64_t out = w16.size(0), in = w16.size(1);
+    torch::Tensor g = grad_out[0].to(torch::kBFloat16).reshape({-1, out}).contiguous();
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+    }
+    if (ctx->needs_input_grad(1)) dw = weight_grad_float32(g, x16.reshape({-1, in}).contiguous());
+    // (needs_input_grad counts the tensor arguments given: the bias is the third when present.)
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
+      db = g.sum(0).to(torch::kFloat);
+    return {dx, dw, db, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool bf16_weight_grad_uses_mkl() { return mkl_gemm() != nullptr; }
+
+torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x) {
+  if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0) ||
+      g.scalar_type() != torch::kBFloat16 || x.scalar_type() != torch::kBFloat16)
+    throw Error("weight_grad_float32: expected g [rows, out] and x [rows, in] bf16, got " +
+                shape_of(g) + " " + std::string(c10::toString(g.scalar_type())) + " and " +
+                shape_of(x) + " " + std::string(c10::toString(x.scalar_type())));
+  const int64_t rows = g.size(0), out = g.size(1), in = x.size(1);
+  const GemmBf16Bf16F32 gemm = mkl_gemm();
+  if (gemm == nullptr || !g.is_cpu() || rows > INT_MAX || out > INT_MAX || in > INT_MAX)
+    return at::mm(g.t(), x).to(torch::kFloat);
+  const torch::Tensor gc = g.contiguous(), xc = x.contiguous();
+  torch::Tensor dw = torch::empty({out, in}, g.options().dtype(torch::kFloat));
+  if (rows == 0) return dw.zero_();
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, xc}));
+  // dW [out, in] = op(A) op(B) with A = g stored [rows, out] (transposed: lda = out) and
+  // B = x stored [rows, in] (lda = in).
+  gemm(kCblasRowMajor, kCblasTrans, kCblasNoTrans, static_cast<int>(out), static_cast<int>(in),
+       static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out), xc.data_ptr(),
+       static_cast<int>(in), 0.0f, dw.data_ptr<float>(), static_cast<int>(in));
+  return dw;
+}
+
+torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                   const torch::Tensor& bias) {
+  MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linear is for training (grad mode)");
+  MLLM_CHECK(x.is_cpu() && weight.is_cpu(), "bf16_autocast_linear: CPU tensors only");
+  // Autocast's cached bf16 copies (one per weight while the cache lives), detached: their own
+  // cast nodes never run, the gradients reach weight and bias from Bf16Linear in float32.
+  const auto cast = [](const torch::Tensor& t) {
+    return at::autocast::cached_cast(at::kBFloat16, t, c10::DeviceType::CPU).detach();
+  };
+  std::optional<torch::Tensor> b, b16;
+  if (bias.defined()) {
+    b = bias;
+    b16 = cast(bias);
+  }
+  return Bf16Linear::apply(x, weight, b, cast(weight), b16);
+}
+
+}  // namespace mllm
