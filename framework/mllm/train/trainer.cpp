@@ -32,6 +32,7 @@
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/prepare.h"
 #include "mllm/distributed/prepare_group.h"
+#include "mllm/model/bf16_linear.h"
 #include "mllm/model/generate.h"
 #include "mllm/model/loss.h"
 #include "mllm/optim/optimizer.h"
@@ -667,6 +668,13 @@ void Trainer::measure_peak() {
   spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,
                peak.cpu_fp32_flops / 1e9, ratio, detect_cpu_isa().describe(), verdict);
+  if (bf16)
+    spdlog::info("bf16 weight gradients: {}",
+                 bf16_weight_grad_uses_mkl()
+                     ? "float32 from oneMKL's cblas_gemm_bf16bf16f32 (docs/precision.md; "
+                       "MLLM_BF16_WEIGHT_GRAD=aten for ATen's bf16 product)"
+                     : "ATen's bf16 product cast to float32 (oneMKL's bf16 GEMM not available "
+                       "or MLLM_BF16_WEIGHT_GRAD=aten)");
   if (bf16 && ratio < 0.9 && comm_->rank() == 0)
     spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM is slower than its fp32 GEMM "
                  "(bf16 / fp32 = {:.2f}): bf16 will train slower than fp32 here; use "
