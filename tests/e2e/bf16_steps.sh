@@ -35,4 +35,26 @@ for i, (a, b, c) in enumerate(zip(f32, acc2, acc1), 1):
     assert abs(b - a) <= 0.02 * a, f"step {i}: bf16 {b} vs fp32 {a}"
     assert abs(b - c) <= 0.02 * c, f"step {i}: accumulation 2 {b} vs 1 {c}"
 PY
+# MLLM_BF16_WEIGHT_GRAD (model/bf16_linear.h): "aten" trains through ATen's path with the same
+# forward, and the start-up line says which path runs; another value is bad input (exit 2).
+MLLM_BF16_WEIGHT_GRAD=aten train 1 "$WORK/aten" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
+  > "$WORK/aten.log" 2>&1 || { tail "$WORK/aten.log"; fail "bf16 run with MLLM_BF16_WEIGHT_GRAD=aten"; }
+grep -q "bf16 weight gradients: ATen's bf16 product" "$WORK/aten/logs/rank_00.log" ||
+  fail "MLLM_BF16_WEIGHT_GRAD=aten: no start-up line for ATen's path"
+grep -q "bf16 weight gradients: " "$WORK/acc2/logs/rank_00.log" || fail "no bf16 weight gradients line"
+python3 - "$WORK/acc2/metrics.jsonl" "$WORK/aten/metrics.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:3])
+# The first step's loss comes before any gradient: the same forward, bit for bit.
+assert a[0] == b[0], (a[0], b[0])
+for i, (x, y) in enumerate(zip(a, b), 1):
+    assert abs(x - y) <= 0.02 * y, f"step {i}: {x} vs ATen's path {y}"
+PY
+set +e
+MLLM_BF16_WEIGHT_GRAD=fast train 1 "$WORK/badenv" "${common[@]}" train.precision=bf16 > "$WORK/badenv.log" 2>&1
+rc=$?
+set -e
+[ $rc -eq 2 ] || { tail "$WORK/badenv.log"; fail "MLLM_BF16_WEIGHT_GRAD=fast: exit $rc, expected 2"; }
+grep -q "MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not 'fast'" "$WORK/badenv.log" ||
+  fail "MLLM_BF16_WEIGHT_GRAD=fast: $(tail -3 "$WORK/badenv.log")"
 echo PASS

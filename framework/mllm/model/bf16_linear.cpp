@@ -27,12 +27,18 @@ using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int 
                                  float beta, float* c, int ldc);
 constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
 
+// MLLM_BF16_WEIGHT_GRAD: unset = on CPUs with AMX-BF16 (where it was measured faster),
+// "mkl" = also on CPUs with avx512_bf16 only (not measured yet), "aten" = never. Anything else
+// is an error (bf16_weight_grad_uses_mkl throws ConfigError).
 GemmBf16Bf16F32 mkl_gemm() {
   static const GemmBf16Bf16F32 fn = [] {
-    const char* choice = std::getenv("MLLM_BF16_WEIGHT_GRAD");
-    if (choice != nullptr && std::strcmp(choice, "aten") == 0) return GemmBf16Bf16F32{nullptr};
+    const char* env = std::getenv("MLLM_BF16_WEIGHT_GRAD");
+    const std::string choice = env != nullptr ? env : "";
+    if (choice != "" && choice != "mkl" && choice != "aten")
+      throw ConfigError("MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not '" + choice + "'");
     const CpuIsa isa = detect_cpu_isa();
-    if (!isa.avx512_bf16 && !isa.amx_bf16) return GemmBf16Bf16F32{nullptr};
+    const bool cpu_ok = choice == "mkl" ? isa.avx512_bf16 || isa.amx_bf16 : isa.amx_bf16;
+    if (choice == "aten" || !cpu_ok) return GemmBf16Bf16F32{nullptr};
     return reinterpret_cast<GemmBf16Bf16F32>(::dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
   }();
   return fn;

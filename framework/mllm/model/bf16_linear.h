@@ -18,10 +18,12 @@
 namespace mllm {
 
 // Whether the weight gradient comes from oneMKL's cblas_gemm_bf16bf16f32: LibTorch's oneMKL
-// exports it (the x86-64 wheels link oneMKL statically and export its CBLAS symbols), the CPU
-// has bf16 units (avx512_bf16 or AMX-BF16), and MLLM_BF16_WEIGHT_GRAD is not "aten". Otherwise
-// weight_grad_float32 falls back to ATen's bf16 mm (one rounding to bf16) cast to float32.
-// Decided once per process.
+// exports it (the x86-64 wheels link oneMKL statically and export its CBLAS symbols) and the
+// CPU has AMX-BF16 (where it was measured; bench/README.md), or avx512_bf16 with
+// MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten. Otherwise mllm::linear is
+// autocast's, and weight_grad_float32 falls back to ATen's bf16 mm (one rounding to bf16) cast
+// to float32. Decided once per process; throws mllm::ConfigError for another value of
+// MLLM_BF16_WEIGHT_GRAD.
 bool bf16_weight_grad_uses_mkl();
 
 // g [rows, out] bf16, x [rows, in] bf16 -> [out, in] float32 = g^T @ x (the weight gradient of

@@ -654,6 +654,14 @@ void Trainer::measure_peak() {
   spdlog::info("MFU peak {} = {}", peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
                                                     : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9),
                peak.how);
+  if (bf16 && device_.is_cpu())
+    spdlog::info("bf16 weight gradients: {}",
+                 bf16_weight_grad_uses_mkl()
+                     ? "float32 from oneMKL's cblas_gemm_bf16bf16f32 (docs/precision.md; "
+                       "MLLM_BF16_WEIGHT_GRAD=aten for ATen's bf16 product)"
+                     : "ATen's bf16 product cast to float32 (oneMKL's is used on CPUs with "
+                       "AMX where LibTorch exports it; MLLM_BF16_WEIGHT_GRAD=mkl also tries it "
+                       "with avx512_bf16 alone)");
   if (!device_.is_cpu() || peak.cpu_fp32_flops <= 0) return;
   if (peak.cpu_bf16_flops <= 0) {
     spdlog::info("CPU GEMM: fp32 {:.1f} GFLOP/s; no bf16 units ({}: no avx512_bf16 or amx_bf16), "
@@ -668,13 +676,6 @@ void Trainer::measure_peak() {
   spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,
                peak.cpu_fp32_flops / 1e9, ratio, detect_cpu_isa().describe(), verdict);
-  if (bf16)
-    spdlog::info("bf16 weight gradients: {}",
-                 bf16_weight_grad_uses_mkl()
-                     ? "float32 from oneMKL's cblas_gemm_bf16bf16f32 (docs/precision.md; "
-                       "MLLM_BF16_WEIGHT_GRAD=aten for ATen's bf16 product)"
-                     : "ATen's bf16 product cast to float32 (oneMKL's bf16 GEMM not available "
-                       "or MLLM_BF16_WEIGHT_GRAD=aten)");
   if (bf16 && ratio < 0.9 && comm_->rank() == 0)
     spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM is slower than its fp32 GEMM "
                  "(bf16 / fp32 = {:.2f}): bf16 will train slower than fp32 here; use "
