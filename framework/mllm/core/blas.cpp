@@ -230,7 +230,9 @@ CpuIsa detect_cpu_isa() {
   const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
   isa.avx2_fma = avx2 && fma && ymm_os;
   isa.avx512 = f && dq && bw && vl && zmm_os;
-  isa.amx_bf16 = (d & (1u << 24)) && (d & (1u << 22));
+  // AMX also needs the OS to manage the tile state: XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA).
+  const bool tiles_os = (xcr0 & (3ull << 17)) == (3ull << 17);
+  isa.amx_bf16 = (d & (1u << 24)) && (d & (1u << 22)) && tiles_os;
   if (sub_leaves >= 1) {
     __get_cpuid_count(7, 1, &a, &b, &c, &d);
     isa.avx512_bf16 = isa.avx512 && (a & (1u << 5));

@@ -33,7 +33,8 @@ struct CpuIsa {
   bool avx2_fma = false;     // AVX2 and FMA3, with OS support for the YMM state
   bool avx512 = false;       // AVX-512 F, BW, DQ and VL (the set BLAS kernels need), OS-enabled
   bool avx512_bf16 = false;  // AVX512_BF16 (leaf 7 subleaf 1 EAX bit 5)
-  bool amx_bf16 = false;     // AMX-TILE and AMX-BF16 (leaf 7 EDX bits 24 and 22)
+  bool amx_bf16 = false;     // AMX-TILE and AMX-BF16 (leaf 7 EDX bits 24 and 22), OS-enabled
+                             // (XCR0 bits 17 and 18)
   // 3 = AVX-512, 2 = AVX2 + FMA, 0 = neither (the scale of BlasProbe::level).
   int level() const;
   // "AuthenticAMD: avx2 fma avx512 avx512_bf16".

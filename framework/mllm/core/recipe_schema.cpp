@@ -587,7 +587,7 @@ KeySpec recipe_schema(Recipe& r) {
                             "RUN/profile/rank_NN.json, a Chrome trace for Perfetto"),
           key("record_shapes", r.profile.record_shapes, "also record each op's input shapes "
               "and dtypes (the trace's Input Dims and Input type; torch.profiler's "
-              "record_shapes); adds overhead to every recorded op"),
+              "record_shapes) in the profile.steps trace; adds overhead to every recorded op"),
       }),
   });
   // One top-level section per callback that declares options (its plugin is loaded), after the

@@ -11,6 +11,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/accumulate.h>
 
 #include "mllm/core/blas.h"
 #include "mllm/core/error.h"
@@ -30,19 +31,41 @@ constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
 // MLLM_BF16_WEIGHT_GRAD: unset = on CPUs with AMX-BF16 (where it was measured faster),
 // "mkl" = also on CPUs with avx512_bf16 only (not measured yet), "aten" = never. Anything else
 // is an error (bf16_weight_grad_uses_mkl throws ConfigError).
-GemmBf16Bf16F32 mkl_gemm() {
-  static const GemmBf16Bf16F32 fn = [] {
+struct MklChoice {
+  GemmBf16Bf16F32 gemm = nullptr;
+  std::string why;  // for the log: which path, and why
+};
+
+const MklChoice& mkl_choice() {
+  static const MklChoice choice = [] {
     const char* env = std::getenv("MLLM_BF16_WEIGHT_GRAD");
-    const std::string choice = env != nullptr ? env : "";
-    if (choice != "" && choice != "mkl" && choice != "aten")
-      throw ConfigError("MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not '" + choice + "'");
+    const std::string value = env != nullptr ? env : "";
+    if (value != "" && value != "mkl" && value != "aten")
+      throw ConfigError("MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not '" + value + "'");
+    MklChoice c;
+    if (value == "aten") {
+      c.why = "MLLM_BF16_WEIGHT_GRAD=aten";
+      return c;
+    }
     const CpuIsa isa = detect_cpu_isa();
-    const bool cpu_ok = choice == "mkl" ? isa.avx512_bf16 || isa.amx_bf16 : isa.amx_bf16;
-    if (choice == "aten" || !cpu_ok) return GemmBf16Bf16F32{nullptr};
-    return reinterpret_cast<GemmBf16Bf16F32>(::dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
+    if (!(value == "mkl" ? isa.avx512_bf16 || isa.amx_bf16 : isa.amx_bf16)) {
+      c.why = value == "mkl" ? "this CPU has no bf16 units"
+                             : "this CPU has no AMX (MLLM_BF16_WEIGHT_GRAD=mkl tries oneMKL "
+                               "with avx512_bf16 alone)";
+      return c;
+    }
+    // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
+    void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
+    if (torch_cpu != nullptr)
+      c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
+    c.why = c.gemm != nullptr ? "oneMKL's cblas_gemm_bf16bf16f32 from libtorch_cpu.so"
+                              : "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
+    return c;
   }();
-  return fn;
+  return choice;
 }
+
+GemmBf16Bf16F32 mkl_gemm() { return mkl_choice().gemm; }
 
 std::string shape_of(const torch::Tensor& t) {
   std::string s = "[";
@@ -63,9 +86,13 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     ctx->save_for_backward({x16, w16});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["bias"] = bias.has_value();
-    // What autocast's linear runs on the same bf16 operands (one addmm for a contiguous input
-    // with a bias), so the values are autocast's bit for bit.
-    return at::linear(x16, w16, b16);
+    // What autocast's linear runs on the same bf16 operands (one addmm or mm over the folded
+    // leading dimensions), so the values are autocast's bit for bit for an input whose leading
+    // dimensions fold without a copy (every caller's). at::linear returns a view of the product
+    // for a 3-D input; a view made inside a custom Function could not be modified in place, so
+    // the output is a plain tensor over the same storage.
+    torch::Tensor y = at::linear(x16, w16, b16);
+    return y.is_view() ? at::_unsafe_view(y, y.sizes()) : y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -74,13 +101,16 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     const torch::Tensor& x16 = saved[0];
     const torch::Tensor& w16 = saved[1];
     const int64_t out = w16.size(0), in = w16.size(1);
-    torch::Tensor g = grad_out[0].to(torch::kBFloat16).reshape({-1, out}).contiguous();
+    // Rows: the product of the leading dimensions (explicit, so that a zero-size dimension
+    // cannot leave a -1 unresolved).
+    const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
+    torch::Tensor g = grad_out[0].to(torch::kBFloat16).reshape({rows, out}).contiguous();
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
       dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
     }
-    if (ctx->needs_input_grad(1)) dw = weight_grad_float32(g, x16.reshape({-1, in}).contiguous());
+    if (ctx->needs_input_grad(1)) dw = weight_grad_float32(g, x16.reshape({rows, in}).contiguous());
     // (needs_input_grad counts the tensor arguments given: the bias is the third when present.)
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
       db = g.sum(0).to(torch::kFloat);
@@ -92,6 +122,11 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
 
 bool bf16_weight_grad_uses_mkl() { return mkl_gemm() != nullptr; }
 
+std::string bf16_weight_grad_path() {
+  const MklChoice& c = mkl_choice();
+  return (c.gemm != nullptr ? "float32 from " : "ATen's bf16 product cast to float32: ") + c.why;
+}
+
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x) {
   if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0) ||
       g.scalar_type() != torch::kBFloat16 || x.scalar_type() != torch::kBFloat16)
@@ -100,11 +135,12 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
                 shape_of(x) + " " + std::string(c10::toString(x.scalar_type())));
   const int64_t rows = g.size(0), out = g.size(1), in = x.size(1);
   const GemmBf16Bf16F32 gemm = mkl_gemm();
-  if (gemm == nullptr || !g.is_cpu() || rows > INT_MAX || out > INT_MAX || in > INT_MAX)
+  if (gemm == nullptr || !g.is_cpu() || !x.is_cpu() || rows > INT_MAX || out > INT_MAX ||
+      in > INT_MAX)
     return at::mm(g.t(), x).to(torch::kFloat);
   const torch::Tensor gc = g.contiguous(), xc = x.contiguous();
   torch::Tensor dw = torch::empty({out, in}, g.options().dtype(torch::kFloat));
-  if (rows == 0) return dw.zero_();
+  if (rows == 0 || out == 0 || in == 0) return dw.zero_();
   RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, xc}));
   // dW [out, in] = op(A) op(B) with A = g stored [rows, out] (transposed: lda = out) and
   // B = x stored [rows, in] (lda = in).

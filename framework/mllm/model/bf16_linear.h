@@ -2,8 +2,8 @@
 //
 // Under autocast, ATen's linear computes the weight gradient of a bf16 product as a bf16 GEMM
 // (grad^T @ x, rounded to bf16), and autograd then casts it to float32 for the float32 weight.
-// On an AMX Xeon that product, whose operands are both transposed for the GEMM (the reduction
-// runs over the tokens, the slow dimension of both), ran at ~1.1 TFLOP/s in oneDNN, against
+// On an AMX Xeon that product, whose first operand is transposed (the reduction runs over the
+// tokens, the slow dimension of both stored matrices), ran at ~1.1 TFLOP/s in oneDNN, against
 // ~2 TFLOP/s for the forward products; oneMKL's cblas_gemm_bf16bf16f32 (bf16 operands, float32
 // result; the oneMKL reference, "cblas_gemm_bf16bf16f32") runs it at ~2 TFLOP/s and writes the
 // float32 gradient directly: no bf16 rounding of the gradient, and no cast.
@@ -17,14 +17,19 @@
 
 namespace mllm {
 
-// Whether the weight gradient comes from oneMKL's cblas_gemm_bf16bf16f32: LibTorch's oneMKL
-// exports it (the x86-64 wheels link oneMKL statically and export its CBLAS symbols) and the
+// Whether the weight gradient comes from oneMKL's cblas_gemm_bf16bf16f32: LibTorch's
+// libtorch_cpu.so exports it (the x86-64 wheels link oneMKL statically and export its CBLAS
+// symbols; looked up in that library, not in a preloaded one) and the
 // CPU has AMX-BF16 (where it was measured; bench/README.md), or avx512_bf16 with
 // MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten. Otherwise mllm::linear is
 // autocast's, and weight_grad_float32 falls back to ATen's bf16 mm (one rounding to bf16) cast
 // to float32. Decided once per process; throws mllm::ConfigError for another value of
 // MLLM_BF16_WEIGHT_GRAD.
 bool bf16_weight_grad_uses_mkl();
+
+// The decision above in words, for the start-up log ("float32 from oneMKL's ..." or "ATen's
+// bf16 product cast to float32: <why>"). Throws as bf16_weight_grad_uses_mkl.
+std::string bf16_weight_grad_path();
 
 // g [rows, out] bf16, x [rows, in] bf16 -> [out, in] float32 = g^T @ x (the weight gradient of
 // y = x @ W^T), accumulated in float32; contiguous inputs are not copied. Throws mllm::Error for

@@ -655,13 +655,7 @@ void Trainer::measure_peak() {
                                                     : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9),
                peak.how);
   if (bf16 && device_.is_cpu())
-    spdlog::info("bf16 weight gradients: {}",
-                 bf16_weight_grad_uses_mkl()
-                     ? "float32 from oneMKL's cblas_gemm_bf16bf16f32 (docs/precision.md; "
-                       "MLLM_BF16_WEIGHT_GRAD=aten for ATen's bf16 product)"
-                     : "ATen's bf16 product cast to float32 (oneMKL's is used on CPUs with "
-                       "AMX where LibTorch exports it; MLLM_BF16_WEIGHT_GRAD=mkl also tries it "
-                       "with avx512_bf16 alone)");
+    spdlog::info("bf16 weight gradients: {} (docs/precision.md)", bf16_weight_grad_path());
   if (!device_.is_cpu() || peak.cpu_fp32_flops <= 0) return;
   if (peak.cpu_bf16_flops <= 0) {
     spdlog::info("CPU GEMM: fp32 {:.1f} GFLOP/s; no bf16 units ({}: no avx512_bf16 or amx_bf16), "

@@ -363,6 +363,7 @@ torch::autograd::Node* node_feeding(const torch::Tensor& out, const torch::Tenso
 class CastCounter {
  public:
   explicit CastCounter(std::vector<int64_t> shape) : shape_(std::move(shape)) {
+    active_ = this;
     handle_ = at::addGlobalCallback(
         at::RecordFunctionCallback(
             [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
@@ -373,8 +374,9 @@ class CastCounter {
             })
             .needsInputs(true)
             .scopes({at::RecordScope::FUNCTION}));
-    active_ = this;
   }
+  CastCounter(const CastCounter&) = delete;
+  CastCounter& operator=(const CastCounter&) = delete;
   ~CastCounter() {
     at::removeCallback(handle_);
     active_ = nullptr;
@@ -427,6 +429,29 @@ TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
   EXPECT_TRUE(torch::equal(y1, y2));
 }
 
+// Under autocast with grad mode, mllm::linear's forward equals autocast's torch::linear bit for
+// bit (2-D and 3-D inputs, with and without a bias), and its output can be modified in place
+// (ReLU in place, then backward) as autocast's can.
+TEST(Linear, Bf16AutocastForwardEqualsAutocastsLinear) {
+  torch::manual_seed(6);
+  for (bool bias : {true, false}) {
+    torch::nn::Linear layer(torch::nn::LinearOptions(24, 40).bias(bias));
+    for (const auto& shape : {std::vector<int64_t>{7, 24}, std::vector<int64_t>{3, 5, 24}}) {
+      auto x = torch::randn(shape, torch::requires_grad());
+      CpuBf16Autocast autocast;
+      auto got = linear(layer, x);
+      auto want = torch::linear(x, layer->weight, layer->bias);
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(got, want)) << "bias " << bias << " dims " << shape.size();
+      got.relu_();
+      got.to(torch::kFloat).sum().backward();
+      EXPECT_TRUE(layer->weight.grad().defined());
+      EXPECT_TRUE(x.grad().defined());
+      layer->zero_grad();
+    }
+  }
+}
+
 // Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
 // |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
 // Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
@@ -447,9 +472,8 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
   torch::Tensor want_dw = torch::zeros({32, 64}, torch::kDouble);
   torch::Tensor want_db = torch::zeros({32}, torch::kDouble);
   torch::Tensor bound = torch::zeros({32, 64}, torch::kDouble);
-  std::vector<torch::Tensor> xs, dxs, gs;
-  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-  at::autocast::set_autocast_enabled(at::kCPU, true);
+  {
+  CpuBf16Autocast autocast;
   for (int micro = 0; micro < 2; ++micro) {
     auto x = torch::randn({3, 50, 64}, torch::requires_grad());
     auto g = torch::randn({3, 50, 32}).to(torch::kBFloat16);
@@ -459,15 +483,15 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
     const auto g2 = bf(g).reshape({-1, 32}), x2 = bf(x.detach()).reshape({-1, 64});
     want_dw += g2.t().mm(x2);
     want_db += g2.sum(0);
-    bound += float32_gemm_bound(g2.abs().t().mm(x2.abs()), 150);
+    // (n = 301: each micro-batch's 150-term sum, and their float32 sum, count as one sum.)
+    bound += float32_gemm_bound(g2.abs().t().mm(x2.abs()), 301);
     ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
     // dx: the bf16 product, rounded once to bf16 (relative 2^-8 with margin).
     auto want_dx = g2.mm(bf(layer->weight.detach())).view({3, 50, 64});
     EXPECT_LE((x.grad().to(torch::kDouble) - want_dx).abs().max().item<double>(),
               std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
   }
-  at::autocast::set_autocast_enabled(at::kCPU, false);
-  at::autocast::clear_cache();
+  }
   ASSERT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
   auto dw = layer->weight.grad().to(torch::kDouble);
   if (bf16_weight_grad_uses_mkl()) {
@@ -499,10 +523,14 @@ TEST(Linear, WeightGradFloat32AgainstFloat64AndItsErrors) {
     EXPECT_TRUE(err.le(float32_gemm_bound(gd.abs().t().mm(xd.abs()), 777)).all().item<bool>())
         << "max error " << err.max().item<double>();
   }
-  // A transposed (non-contiguous) operand gives the contiguous one's result; zero rows give 0.
+  // A transposed (non-contiguous) operand; zero rows give 0, zero columns an empty result.
   auto gt = torch::randn({40, 777}).to(torch::kBFloat16).t();
-  EXPECT_TRUE(torch::equal(weight_grad_float32(gt, x), weight_grad_float32(gt.contiguous(), x)));
+  auto gtd = gt.to(torch::kDouble);
+  auto err_t = (weight_grad_float32(gt, x).to(torch::kDouble) - gtd.t().mm(xd)).abs();
+  if (bf16_weight_grad_uses_mkl())
+    EXPECT_TRUE(err_t.le(float32_gemm_bound(gtd.abs().t().mm(xd.abs()), 777)).all().item<bool>());
   EXPECT_TRUE(weight_grad_float32(g.narrow(0, 0, 0), x.narrow(0, 0, 0)).eq(0).all().item<bool>());
+  EXPECT_EQ(weight_grad_float32(g.narrow(1, 0, 0), x).sizes(), (std::vector<int64_t>{0, 96}));
   EXPECT_THROW(weight_grad_float32(g.to(torch::kFloat), x), Error);
   EXPECT_THROW(weight_grad_float32(g, x.narrow(0, 0, 5)), Error);
 }
