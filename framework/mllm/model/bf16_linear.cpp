@@ -67,12 +67,6 @@ const MklChoice& mkl_choice() {
 
 GemmBf16Bf16F32 mkl_gemm() { return mkl_choice().gemm; }
 
-std::string shape_of(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
  public:
   // w16, b16: the bf16 copies of weight and bias, detached (their gradients go to weight and
@@ -130,9 +124,8 @@ std::string bf16_weight_grad_path() {
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x) {
   if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0) ||
       g.scalar_type() != torch::kBFloat16 || x.scalar_type() != torch::kBFloat16)
-    throw Error("weight_grad_float32: expected g [rows, out] and x [rows, in] bf16, got " +
-                shape_of(g) + " " + std::string(c10::toString(g.scalar_type())) + " and " +
-                shape_of(x) + " " + std::string(c10::toString(x.scalar_type())));
+    throw Error(c10::str("weight_grad_float32: expected g [rows, out] and x [rows, in] bf16, got ",
+                         g.sizes(), " ", g.scalar_type(), " and ", x.sizes(), " ", x.scalar_type()));
   const int64_t rows = g.size(0), out = g.size(1), in = x.size(1);
   const GemmBf16Bf16F32 gemm = mkl_gemm();
   if (gemm == nullptr || !g.is_cpu() || !x.is_cpu() || rows > INT_MAX || out > INT_MAX ||

@@ -42,8 +42,9 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
 // Backward: the input gradient in x's dtype (ATen's bf16 mm), the weight gradient in float32
-// (weight_grad_float32), the bias gradient summed over the rows in float32. Requires grad mode
-// and CPU tensors; throws mllm::Error otherwise.
+// (weight_grad_float32), the bias gradient as autocast's (a bf16 sum over the rows, accumulated
+// in float32 and rounded once) in float32. Requires grad mode and CPU tensors; throws mllm::Error
+// otherwise.
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias);
 
