@@ -8,7 +8,9 @@
 #include <cstring>
 #include <string>
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
@@ -67,26 +69,68 @@ const MklChoice& mkl_choice() {
 
 GemmBf16Bf16F32 mkl_gemm() { return mkl_choice().gemm; }
 
+// oneDNN's fused linear, mkldnn::_linear_pointwise(X, W, B, attr, scalars, algorithm): one inner
+// product with the bias (and, with attr "relu", the ReLU) applied to the float32 accumulator
+// before the single rounding to bf16 (what the Inductor CPU backend calls for a linear and its
+// pointwise successor). ATen's addmm instead first copies the broadcast bias into the whole
+// [rows, out] output and reads it back in the GEMM, and a separate ReLU reads and writes the
+// output once more. Used where the CPU has bf16 units (the op's bf16 kernel needs AVX-512) and
+// LibTorch registers the op; nullptr otherwise.
+const c10::OperatorHandle* fused_linear_op() {
+  static const std::optional<c10::OperatorHandle> op = []() -> std::optional<c10::OperatorHandle> {
+    const CpuIsa isa = detect_cpu_isa();
+    if (!at::hasMKLDNN() || !(isa.avx512_bf16 || isa.amx_bf16)) return std::nullopt;
+    return c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  }();
+  return op.has_value() ? &*op : nullptr;
+}
+
+// x16 [..., in] bf16, w16 [out, in] bf16, b16 [out] bf16 or none -> [..., out] bf16, a plain
+// (non-view) tensor: x16 @ w16^T + b16, then max(0, .) when `relu`.
+torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
+                           const std::optional<torch::Tensor>& b16, bool relu) {
+  torch::Tensor y;
+  const c10::OperatorHandle* op = fused_linear_op();
+  if (op != nullptr && (b16.has_value() || relu)) {
+    std::vector<c10::IValue> stack{x16,
+                                   w16,
+                                   b16.has_value() ? c10::IValue(*b16) : c10::IValue(),
+                                   c10::IValue(std::string(relu ? "relu" : "none")),
+                                   c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                                   c10::IValue()};
+    op->callBoxed(stack);
+    y = stack[0].toTensor();
+  } else {
+    // Without a bias ATen's linear is one mm: nothing to fuse.
+    y = at::linear(x16, w16, b16);
+    if (relu) y = at::relu(y);
+  }
+  // Both return a view of the 2-D product for a 3-D input; a view made inside a custom Function
+  // could not be modified in place, so the output is a plain tensor over the same storage.
+  return y.is_view() ? at::_unsafe_view(y, y.sizes()) : y;
+}
+
 class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
  public:
   // w16, b16: the bf16 copies of weight and bias, detached (their gradients go to weight and
-  // bias directly, in float32).
+  // bias directly, in float32). relu: the output is max(0, x W^T + b).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight,
                                const std::optional<torch::Tensor>& bias, const torch::Tensor& w16,
-                               const std::optional<torch::Tensor>& b16) {
+                               const std::optional<torch::Tensor>& b16, bool relu) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     torch::Tensor x16 = x.scalar_type() == torch::kBFloat16 ? x : x.to(torch::kBFloat16);
-    ctx->save_for_backward({x16, w16});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["bias"] = bias.has_value();
-    // What autocast's linear runs on the same bf16 operands (one addmm or mm over the folded
-    // leading dimensions), so the values are autocast's bit for bit for an input whose leading
-    // dimensions fold without a copy (every caller's). at::linear returns a view of the product
-    // for a 3-D input; a view made inside a custom Function could not be modified in place, so
-    // the output is a plain tensor over the same storage.
-    torch::Tensor y = at::linear(x16, w16, b16);
-    return y.is_view() ? at::_unsafe_view(y, y.sizes()) : y;
+    ctx->saved_data["relu"] = relu;
+    // The values of autocast's linear on the same bf16 operands (one addmm or mm over the folded
+    // leading dimensions; oneDNN's fused op gives the same bits: the float32 accumulator plus
+    // the bias, rounded once; Linear.Bf16AutocastForwardEqualsAutocastsLinear).
+    torch::Tensor y = forward_bf16(x16, w16, b16, relu);
+    // With ReLU the backward needs the output (ReLU's own backward keeps it too).
+    ctx->save_for_backward(relu ? torch::autograd::variable_list{x16, w16, y}
+                                : torch::autograd::variable_list{x16, w16});
+    return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -98,7 +142,10 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     // Rows: the product of the leading dimensions (explicit, so that a zero-size dimension
     // cannot leave a -1 unresolved).
     const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
-    torch::Tensor g = grad_out[0].to(torch::kBFloat16).reshape({rows, out}).contiguous();
+    torch::Tensor g = grad_out[0].to(torch::kBFloat16);
+    // ReLU's gradient: zero where the output is 0 (PyTorch's relu backward, threshold 0).
+    if (ctx->saved_data["relu"].toBool()) g = at::threshold_backward(g, saved[2], 0);
+    g = g.reshape({rows, out}).contiguous();
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
@@ -106,9 +153,8 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     }
     if (ctx->needs_input_grad(1)) dw = weight_grad_float32(g, x16.reshape({rows, in}).contiguous());
     // (needs_input_grad counts the tensor arguments given: the bias is the third when present.)
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
-      db = g.sum(0).to(torch::kFloat);
-    return {dx, dw, db, torch::Tensor(), torch::Tensor()};
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = bias_grad_float32(g);
+    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -143,8 +189,28 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
   return dw;
 }
 
+torch::Tensor bias_grad_float32(const torch::Tensor& g) {
+  if (g.dim() != 2 || g.scalar_type() != torch::kBFloat16)
+    throw Error(c10::str("bias_grad_float32: expected g [rows, out] bf16, got ", g.sizes(), " ",
+                         g.scalar_type()));
+  const int64_t rows = g.size(0), out = g.size(1);
+  const GemmBf16Bf16F32 gemm = mkl_gemm();
+  if (gemm == nullptr || !g.is_cpu() || rows > INT_MAX || out > INT_MAX)
+    return at::sum(g, {0}, /*keepdim=*/false, torch::kFloat);
+  const torch::Tensor gc = g.contiguous();
+  torch::Tensor db = torch::empty({out}, g.options().dtype(torch::kFloat));
+  if (rows == 0 || out == 0) return db.zero_();
+  const torch::Tensor ones = torch::ones({rows}, g.options());
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, ones}));
+  // db [out, 1] = g^T [out, rows] @ ones [rows, 1]: A = g stored [rows, out] (transposed).
+  gemm(kCblasRowMajor, kCblasTrans, kCblasNoTrans, static_cast<int>(out), 1,
+       static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out), ones.data_ptr(), 1,
+       0.0f, db.data_ptr<float>(), 1);
+  return db;
+}
+
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                                   const torch::Tensor& bias) {
+                                   const torch::Tensor& bias, bool relu) {
   MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linear is for training (grad mode)");
   MLLM_CHECK(x.is_cpu() && weight.is_cpu(), "bf16_autocast_linear: CPU tensors only");
   // Autocast's cached bf16 copies (one per weight while the cache lives), detached: their own
@@ -157,7 +223,7 @@ torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& 
     b = bias;
     b16 = cast(bias);
   }
-  return Bf16Linear::apply(x, weight, b, cast(weight), b16);
+  return Bf16Linear::apply(x, weight, b, cast(weight), b16, relu);
 }
 
 }  // namespace mllm

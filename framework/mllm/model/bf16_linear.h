@@ -8,9 +8,13 @@
 // result; the oneMKL reference, "cblas_gemm_bf16bf16f32") runs it at ~2 TFLOP/s and writes the
 // float32 gradient directly: no bf16 rounding of the gradient, and no cast.
 //
-// Used by mllm::linear (model.h) while grad mode and CPU bf16 autocast are on. The forward pass
-// is ATen's linear on the autocast-cached bf16 weight and bias, bit for bit what autocast runs;
-// the input gradient is ATen's bf16 mm, as before.
+// Used by mllm::linear and mllm::linear_relu (model.h) while grad mode and CPU bf16 autocast are
+// on. The forward pass runs on the autocast-cached bf16 weight and bias and gives autocast's
+// values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
+// (mkldnn::_linear_pointwise: the bias, and the ReLU of linear_relu, applied to the float32
+// accumulator, without addmm's copy of the broadcast bias into the output and without a
+// separate ReLU pass), else ATen's linear. The input gradient is ATen's bf16 mm, as before; the
+// bias gradient a float32 sum from oneMKL.
 #pragma once
 
 #include <torch/torch.h>
@@ -36,16 +40,23 @@ std::string bf16_weight_grad_path();
 // other dtypes or shapes.
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x);
 
-// y = x @ weight^T + bias under CPU bf16 autocast, for training:
+// g [rows, out] bf16 -> [out] float32 = the sum of g's rows (the bias gradient of y = x @ W^T + b),
+// accumulated in float32 and not rounded to bf16: oneMKL's cblas_gemm_bf16bf16f32 as g^T @ 1
+// where bf16_weight_grad_uses_mkl() (~3x ATen's bf16 column sum at [2048, 2048]), else ATen's
+// sum with a float32 result. Throws mllm::Error for another dtype or rank.
+torch::Tensor bias_grad_float32(const torch::Tensor& g);
+
+// y = x @ weight^T + bias under CPU bf16 autocast, for training, or max(0, y) with `relu`:
 //   x [..., in] float32 or bf16 (cast to bf16 as autocast would), weight [out, in] float32,
 //   bias [out] float32 or undefined -> y [..., out] bf16.
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
-// Backward: the input gradient in x's dtype (ATen's bf16 mm), the weight gradient in float32
-// (weight_grad_float32), the bias gradient as autocast's (a bf16 sum over the rows, accumulated
-// in float32 and rounded once) in float32. Requires grad mode and CPU tensors; throws mllm::Error
-// otherwise.
+// Backward (through ReLU's gradient first, with `relu`): the input gradient in x's dtype (ATen's
+// bf16 mm), the weight gradient in float32 (weight_grad_float32), the bias gradient in float32
+// (bias_grad_float32). The output is saved for the backward with `relu`: modifying it in place
+// then makes the backward throw (autograd's version check). Requires grad mode and CPU tensors;
+// throws mllm::Error otherwise.
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                                   const torch::Tensor& bias);
+                                   const torch::Tensor& bias, bool relu = false);
 
 }  // namespace mllm

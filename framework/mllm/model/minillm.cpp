@@ -48,7 +48,7 @@ MiniLLMFeedForwardImpl::MiniLLMFeedForwardImpl(int64_t d_model, int64_t d_ff) {
 }
 
 torch::Tensor MiniLLMFeedForwardImpl::forward(const torch::Tensor& x) {
-  return linear(fc2, torch::relu(linear(fc1, x)));
+  return linear(fc2, linear_relu(fc1, x));
 }
 
 MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {

@@ -115,13 +115,26 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
-torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+namespace {
+// Whether linear goes through bf16_autocast_linear (model.h).
+bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   const torch::Tensor& w = layer->weight;
-  if (torch::GradMode::is_enabled() && x.is_cpu() && w.scalar_type() == torch::kFloat &&
-      w.requires_grad() && at::autocast::is_autocast_enabled(at::kCPU) &&
-      at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 && bf16_weight_grad_uses_mkl())
-    return bf16_autocast_linear(x, w, layer->bias);
-  return torch::linear(x, w, layer->bias);
+  return torch::GradMode::is_enabled() && x.is_cpu() && w.scalar_type() == torch::kFloat &&
+         w.requires_grad() && at::autocast::is_autocast_enabled(at::kCPU) &&
+         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
+         bf16_weight_grad_uses_mkl();
+}
+}  // namespace
+
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (bf16_training_linear(layer, x)) return bf16_autocast_linear(x, layer->weight, layer->bias);
+  return torch::linear(x, layer->weight, layer->bias);
+}
+
+torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (bf16_training_linear(layer, x))
+    return bf16_autocast_linear(x, layer->weight, layer->bias, /*relu=*/true);
+  return torch::relu(torch::linear(x, layer->weight, layer->bias));
 }
 
 void init_weights(torch::nn::Module& model, double std, int64_t n_layers,

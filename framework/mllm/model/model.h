@@ -158,6 +158,11 @@ void register_builtin_models();
 // float32 by oneMKL. Same errors as torch::linear.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
+// relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
+// op (bf16_autocast_linear with relu: oneDNN applies the ReLU to the float32 accumulator before
+// rounding, which equals rounding first, as ReLU commutes with rounding).
+torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
+
 // Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight
 // and embedding table ~ normal(0, std); weights whose name ends in one of `residual_suffixes`
 // ~ normal(0, std / sqrt(2 n_layers)) (GPT-2 / Megatron residual scaling); biases 0; norm
