@@ -91,9 +91,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
                                      torch::Tensor* cache_v) {
   const int64_t b = x.size(0), t = x.size(1);
   const int64_t h = options_.n_heads, kvh = options_.n_kv_heads, hd = head_dim_;
-  auto q = linear(q_proj, x).view({b, t, h, hd});
-  auto k = linear(k_proj, x).view({b, t, kvh, hd});
-  auto v = linear(v_proj, x).view({b, t, kvh, hd}).transpose(1, 2);
+  const auto qkv = linears({q_proj, k_proj, v_proj}, x);
+  auto q = qkv[0].view({b, t, h, hd});
+  auto k = qkv[1].view({b, t, kvh, hd});
+  auto v = qkv[2].view({b, t, kvh, hd}).transpose(1, 2);
   if (rope != nullptr) {
     q = rope->apply(q, offset);
     k = rope->apply(k, offset);

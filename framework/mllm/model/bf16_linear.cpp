@@ -158,6 +158,68 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
   }
 };
 
+// Several linear layers reading the same x as one: weights [out_i, in] concatenated to
+// [sum out_i, in] (w16, bf16), biases likewise (b16), one product, outputs split off the last
+// dimension (views of one [..., sum out_i] tensor). Backward: the outputs' gradients side by
+// side ([rows, sum out_i], zeros for an unused output), one input-gradient product (the sum of
+// the layers' input gradients, accumulated inside the GEMM in float32 and rounded once to bf16,
+// instead of one rounded product per layer summed afterwards), one float32 weight-gradient
+// product and one bias sum, split back to the layers.
+class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const torch::Tensor& x, at::TensorList weights,
+                                                at::TensorList biases, const torch::Tensor& w16,
+                                                const std::optional<torch::Tensor>& b16) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    torch::Tensor x16 = x.scalar_type() == torch::kBFloat16 ? x : x.to(torch::kBFloat16);
+    std::vector<int64_t> outs;
+    for (const auto& w : weights) outs.push_back(w.size(0));
+    ctx->save_for_backward({x16, w16});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["outs"] = outs;
+    ctx->saved_data["bias"] = !biases.empty();
+    return forward_bf16(x16, w16, b16, /*relu=*/false).split_with_sizes(outs, -1);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x16 = saved[0];
+    const torch::Tensor& w16 = saved[1];
+    const std::vector<int64_t> outs = ctx->saved_data["outs"].toIntVector();
+    const auto n = outs.size();
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const int64_t in = w16.size(1);
+    const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
+    std::vector<torch::Tensor> parts;
+    for (size_t i = 0; i < n; ++i)
+      parts.push_back(grad_out[i].defined()
+                          ? grad_out[i].to(torch::kBFloat16).reshape({rows, outs[i]})
+                          : torch::zeros({rows, outs[i]}, x16.options()));
+    const torch::Tensor g = at::cat(parts, 1);  // [rows, sum out_i] bf16
+    torch::autograd::variable_list grads(1 + n + (bias ? n : 0) + 2);
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      grads[0] = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+    }
+    bool weight_grads = false, bias_grads = false;
+    for (size_t i = 0; i < n; ++i) {
+      weight_grads = weight_grads || ctx->needs_input_grad(1 + i);
+      bias_grads = bias_grads || (bias && ctx->needs_input_grad(1 + n + i));
+    }
+    if (weight_grads) {
+      const auto dw = weight_grad_float32(g, x16.reshape({rows, in}).contiguous()).split_with_sizes(outs, 0);
+      for (size_t i = 0; i < n; ++i) grads[1 + i] = dw[i];
+    }
+    if (bias_grads) {
+      const auto db = bias_grad_float32(g).split_with_sizes(outs, 0);
+      for (size_t i = 0; i < n; ++i) grads[1 + n + i] = db[i];
+    }
+    return grads;
+  }
+};
+
 }  // namespace
 
 bool bf16_weight_grad_uses_mkl() { return mkl_gemm() != nullptr; }
@@ -209,21 +271,44 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g) {
   return db;
 }
 
+namespace {
+// Autocast's cached bf16 copy of a float32 parameter (one per tensor while the cache lives),
+// detached: its own cast node never runs, the gradient reaches the parameter in float32.
+torch::Tensor cached_bf16(const torch::Tensor& t) {
+  return at::autocast::cached_cast(at::kBFloat16, t, c10::DeviceType::CPU).detach();
+}
+}  // namespace
+
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias, bool relu) {
   MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linear is for training (grad mode)");
   MLLM_CHECK(x.is_cpu() && weight.is_cpu(), "bf16_autocast_linear: CPU tensors only");
-  // Autocast's cached bf16 copies (one per weight while the cache lives), detached: their own
-  // cast nodes never run, the gradients reach weight and bias from Bf16Linear in float32.
-  const auto cast = [](const torch::Tensor& t) {
-    return at::autocast::cached_cast(at::kBFloat16, t, c10::DeviceType::CPU).detach();
-  };
   std::optional<torch::Tensor> b, b16;
   if (bias.defined()) {
     b = bias;
-    b16 = cast(bias);
+    b16 = cached_bf16(bias);
   }
-  return Bf16Linear::apply(x, weight, b, cast(weight), b16, relu);
+  return Bf16Linear::apply(x, weight, b, cached_bf16(weight), b16, relu);
+}
+
+std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
+                                                 const std::vector<torch::Tensor>& weights,
+                                                 const std::vector<torch::Tensor>& biases) {
+  MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linears is for training (grad mode)");
+  MLLM_CHECK(!weights.empty() && (biases.empty() || biases.size() == weights.size()),
+             "bf16_autocast_linears: one bias per weight, or none");
+  std::vector<torch::Tensor> w16, b16;
+  for (const auto& w : weights) {
+    MLLM_CHECK(w.is_cpu() && w.dim() == 2 && w.size(1) == weights[0].size(1),
+               "bf16_autocast_linears: CPU weights [out_i, in] with one in");
+    w16.push_back(cached_bf16(w));
+  }
+  for (const auto& bias : biases) b16.push_back(cached_bf16(bias));
+  MLLM_CHECK(x.is_cpu(), "bf16_autocast_linears: CPU tensors only");
+  std::optional<torch::Tensor> bcat;
+  if (!b16.empty()) bcat = at::cat(b16);
+  return Bf16Linears::apply(x, at::TensorList(weights), at::TensorList(biases), at::cat(w16),
+                            bcat);
 }
 
 }  // namespace mllm

@@ -59,4 +59,17 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g);
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias, bool relu = false);
 
+// bf16_autocast_linear(x, weights[i], biases[i]) for each i, as one product: weights [out_i, in]
+// float32 (their autocast-cached bf16 copies concatenated, [sum out_i, in]), biases [out_i]
+// float32 (all or none: empty) -> outputs [..., out_i] bf16, views of one [..., sum out_i]
+// tensor (not to be modified in place: autograd forbids it for views made in a custom Function).
+// x is cast to bf16 once. Backward: one input-gradient product over the outputs' gradients side
+// by side — the layers' input gradients summed inside the GEMM in float32, rounded to bf16 once,
+// then cast to x's dtype — and one float32 weight-gradient product and one bias sum, split back
+// to the layers (weight_grad_float32, bias_grad_float32). Throws mllm::Error outside grad mode,
+// for non-CPU tensors, differing in-features or a bias count other than 0 or weights.size().
+std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
+                                                 const std::vector<torch::Tensor>& weights,
+                                                 const std::vector<torch::Tensor>& biases);
+
 }  // namespace mllm

@@ -69,7 +69,8 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x));
+  const auto gate_up = linears({gate_proj, up_proj}, x);
+  return linear(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {

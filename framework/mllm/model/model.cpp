@@ -131,6 +131,23 @@ torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return torch::linear(x, layer->weight, layer->bias);
 }
 
+std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
+                                   const torch::Tensor& x) {
+  bool fused = !layers.empty();
+  std::vector<torch::Tensor> weights, biases;
+  for (const auto& layer : layers) {
+    fused = fused && bf16_training_linear(layer, x) &&
+            layer->bias.defined() == layers[0]->bias.defined() &&
+            layer->weight.size(1) == layers[0]->weight.size(1);
+    weights.push_back(layer->weight);
+    if (layer->bias.defined()) biases.push_back(layer->bias);
+  }
+  if (fused) return bf16_autocast_linears(x, weights, biases);
+  std::vector<torch::Tensor> out;
+  for (const auto& layer : layers) out.push_back(linear(layer, x));
+  return out;
+}
+
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x) {
   if (bf16_training_linear(layer, x))
     return bf16_autocast_linear(x, layer->weight, layer->bias, /*relu=*/true);

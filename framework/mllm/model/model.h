@@ -163,6 +163,14 @@ torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 // rounding, which equals rounding first, as ReLU commutes with rounding).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 
+// {linear(layers[i], x)} for several layers reading the same x [..., in] (attention's Q/K/V
+// projections, SwiGLU's gate and up), each [..., out_i], the same values. On linear's bf16
+// training path, with every layer's weight on it and all layers with a bias or none, one product
+// (bf16_autocast_linears): x cast once, one GEMM over the concatenated bf16 weights; the outputs
+// are then views of one tensor and must not be modified in place. Same errors as torch::linear.
+std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
+                                   const torch::Tensor& x);
+
 // Weight init shared by the families (documented in minillm.h / llama.h): every Linear weight
 // and embedding table ~ normal(0, std); weights whose name ends in one of `residual_suffixes`
 // ~ normal(0, std / sqrt(2 n_layers)) (GPT-2 / Megatron residual scaling); biases 0; norm

@@ -593,6 +593,72 @@ TEST(Linear, ReluFusedEqualsReluOfLinear) {
   }
 }
 
+// linears: several layers on one x. Under bf16 autocast with grad mode one product over the
+// concatenated weights; its outputs equal the layers' own bf16 linear bit for bit (each output
+// is the same dot product), with and without biases and with differing widths (grouped K/V).
+// Gradients against float64 references of the bf16-rounded operands: weights and biases within
+// Higham's float32 bound (oneMKL) or a bf16 rounding; x's gradient, the sum over the layers,
+// within one bf16 rounding of the sum. An output that no loss reads gets zero gradient. Without
+// autocast: the layers' float32 linear, exactly.
+TEST(Linear, FusedLinearsEqualSeparateLinears) {
+  torch::manual_seed(10);
+  const auto bf = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
+  for (bool bias : {true, false}) {
+    std::vector<torch::nn::Linear> layers;
+    for (int64_t out : {40, 16, 24})
+      layers.emplace_back(torch::nn::LinearOptions(32, out).bias(bias));
+    auto x = torch::randn({3, 20, 32}, torch::requires_grad());
+    auto plain = linears(layers, x);
+    for (size_t i = 0; i < layers.size(); ++i)
+      EXPECT_TRUE(torch::equal(plain[i], linear(layers[i], x))) << i;
+    std::vector<torch::Tensor> got;
+    {
+      CpuBf16Autocast autocast;
+      got = linears(layers, x);
+      for (size_t i = 0; i < layers.size(); ++i) {
+        ASSERT_EQ(got[i].scalar_type(), torch::kBFloat16);
+        EXPECT_TRUE(torch::equal(got[i], torch::linear(x, layers[i]->weight, layers[i]->bias)))
+            << "bias " << bias << " layer " << i;
+      }
+    }
+    // The loss reads outputs 0 and 2; output 1's layer gets zero gradients.
+    std::vector<torch::Tensor> g;
+    for (int64_t out : {40, 16, 24}) g.push_back(torch::randn({3, 20, out}).to(torch::kBFloat16));
+    torch::autograd::backward({got[0], got[2]}, {g[0], g[2]});
+    const auto x2 = bf(x.detach()).reshape({-1, 32});
+    auto want_dx = torch::zeros({60, 32}, torch::kDouble);
+    for (size_t i : {0u, 2u}) {
+      const auto g2 = bf(g[i]).reshape({60, -1});
+      const auto& layer = layers[i];
+      want_dx += g2.mm(bf(layer->weight.detach()));
+      const auto dw = layer->weight.grad().to(torch::kDouble);
+      const auto dw_err = (dw - g2.t().mm(x2)).abs();
+      if (bf16_weight_grad_uses_mkl())
+        EXPECT_TRUE(dw_err.le(float32_gemm_bound(g2.abs().t().mm(x2.abs()), 60)).all().item<bool>()) << i;
+      else
+        EXPECT_LE(dw_err.max().item<double>(), std::ldexp(1.0, -7) * g2.t().mm(x2).abs().max().item<double>());
+      if (bias) {
+        const auto db_err = (layer->bias.grad().to(torch::kDouble) - g2.sum(0)).abs();
+        if (bf16_weight_grad_uses_mkl())
+          EXPECT_TRUE(db_err.le(float32_gemm_bound(g2.abs().sum(0), 60)).all().item<bool>()) << i;
+        else
+          EXPECT_LE(db_err.max().item<double>(), std::ldexp(1.0, -7) * g2.sum(0).abs().max().item<double>());
+      }
+    }
+    EXPECT_TRUE(layers[1]->weight.grad().eq(0).all().item<bool>());
+    if (bias) EXPECT_TRUE(layers[1]->bias.grad().eq(0).all().item<bool>());
+    ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
+    EXPECT_LE((x.grad().to(torch::kDouble).reshape({60, 32}) - want_dx).abs().max().item<double>(),
+              std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
+  }
+  // Direct calls: a bias count other than 0 or one per weight, differing in-features.
+  torch::nn::Linear a(8, 4), c(6, 4);
+  auto x = torch::randn({5, 8});
+  CpuBf16Autocast autocast;
+  EXPECT_THROW(bf16_autocast_linears(x, {a->weight, a->weight}, {a->bias}), Error);
+  EXPECT_THROW(bf16_autocast_linears(x, {a->weight, c->weight}, {}), Error);
+}
+
 TEST(Linear, BiasGradFloat32AgainstFloat64AndItsErrors) {
   torch::manual_seed(9);
   auto g = torch::randn({777, 40}).to(torch::kBFloat16);
