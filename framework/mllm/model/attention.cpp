@@ -136,27 +136,36 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // bf16 (autocast): the scale on q, [b, h, t, hd], before the product instead of on the
     // [b, h, t, keys] scores after it: a quarter of the traffic at head_dim 64 and keys 256, and
     // one bf16 rounding instead of two (none on q when head_dim is a power of 4).
-    scores = torch::matmul(q * scale, k.transpose(-2, -1));
-  }
-  // -1e9 rather than -inf keeps all-masked rows finite (uniform), exactly as the PyTorch
-  // reference. (In place: `scores` is a fresh tensor here that autograd does not keep.)
-  // float32 scores: float32 softmax. bf16 scores (autocast) stay bf16: LibTorch's softmax
-  // kernels accumulate in float32 internally (max, sum of exp, and the backward's sum of
-  // gradient x output) and round the result once, which equals the float32 softmax rounded to
-  // bf16 — what the float32 path fed to the bf16 product anyway. The backward's error against
-  // float64 is 2.3e-3 relative, against 1.7e-3 for a float32 backward rounded to bf16
-  // (docs/precision.md); the float32 copies of [b, h, t, keys] and their casts are gone.
-  if (scores.scalar_type() != torch::kBFloat16) {
-    scores.masked_fill_(blocked, -1e9);
-  } else {
-    // bf16: the mask as an additive bias, 0 or -1e9 (bf16(-1e9) = -999,817,216). The sum equals
+    //
+    // The mask as an additive bias, 0 or -1e9 (bf16(-1e9) = -999,817,216): the sum equals
     // masked_fill's result bit for bit (|score| is far below half an ulp of 1e9 in bf16, 2^22),
-    // and add_ is vectorized and needs no backward pass of its own (masked_fill's kernel is a
-    // per-element loop, and its backward another one over [b, h, t, keys] plus a copy). The
-    // gradient it lets through at masked places is the softmax's there, exactly 0, except in
-    // a row where every key is masked (a padding query), whose output no loss reads.
-    scores.add_(additive_mask(blocked, scores.scalar_type()));
+    // and it needs no backward pass of its own (masked_fill's kernel is a per-element loop, and
+    // its backward another one over [b, h, t, keys] plus a copy). The gradient it lets through
+    // at masked places is the softmax's there, exactly 0, except in a row where every key is
+    // masked (a padding query), whose output no loss reads. A mask shared by the batch (no
+    // padding: training's packed rows) enters the product itself, as baddbmm's C = bias +
+    // q k^T: the same bits as the rounded product plus the bias (the sum is either the rounded
+    // score or bf16(-1e9)), without a separate add pass over [b, h, t, keys].
+    const auto bias = additive_mask(blocked, q.scalar_type());
+    if (bias.size(0) == 1) {
+      const int64_t bh = q.size(0) * q.size(1), queries = q.size(2), keys = k.size(2);
+      scores = at::baddbmm(bias.view({1, queries, keys}), (q * scale).reshape({bh, queries, hd}),
+                           k.transpose(-2, -1).reshape({bh, hd, keys}))
+                   .view({q.size(0), q.size(1), queries, keys});
+    } else {
+      scores = torch::matmul(q * scale, k.transpose(-2, -1));
+      scores.add_(bias);
+    }
   }
+  // float32 scores: float32 softmax, -1e9 rather than -inf keeps all-masked rows finite
+  // (uniform), exactly as the PyTorch reference. (In place: `scores` is a fresh tensor here
+  // that autograd does not keep.) bf16 scores (autocast) stay bf16: LibTorch's softmax kernels
+  // accumulate in float32 internally (max, sum of exp, and the backward's sum of gradient x
+  // output) and round the result once, which equals the float32 softmax rounded to bf16 — what
+  // the float32 path fed to the bf16 product anyway. The backward's error against float64 is
+  // 2.3e-3 relative, against 1.7e-3 for a float32 backward rounded to bf16
+  // (docs/precision.md); the float32 copies of [b, h, t, keys] and their casts are gone.
+  if (scores.scalar_type() != torch::kBFloat16) scores.masked_fill_(blocked, -1e9);
   auto attn = torch::softmax(scores, -1);
   if (options_.attn_dropout > 0) attn = attn_drop_(attn);
   auto out = torch::matmul(attn, v);  // [b, h, t, hd]

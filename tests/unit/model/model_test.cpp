@@ -680,7 +680,8 @@ TEST(Linear, BiasGradFloat32AgainstFloat64AndItsErrors) {
 // the reference here is the masked_fill formula written out with the same parameters and ops.
 // Outputs agree bit for bit, also in rows where every key is masked (uniform attention), and so
 // do the weights' gradients from a loss that reads no such row (as training's loss reads no padding
-// query). Two masks in a row, and one changed in place, check that a cached bias is not reused.
+// query). A mask shared by the batch goes through baddbmm (the bias inside the product). Masks
+// in a row, and one changed in place, check that a cached bias is not reused.
 TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   torch::manual_seed(3);
   AttentionOptions o;
@@ -706,11 +707,14 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   key_pad.index_put_({1, torch::indexing::Slice(0, 2)}, true);
   auto padded = blocked_mask(key_pad, t, 0);                         // [2, 1, 5, 5]
   auto causal = blocked_mask(torch::zeros({b, t}, torch::kBool), t, 0);
+  // No padding: one [1, 1, t, t] mask for the batch, which enters the scores' product (baddbmm).
+  auto shared = attention_mask(torch::zeros({b, t}, torch::kBool), t, 0, /*sdpa=*/false);
+  ASSERT_EQ(shared.size(0), 1);
   auto reads = torch::ones({b, t, 1});  // the loss's weight per query: 0 for row 1's first two
   reads.index_put_({1, torch::indexing::Slice(0, 2)}, 0.0);
   auto w = torch::randn({b, t, o.d_model});
   CpuBf16Autocast autocast;
-  for (const auto& blocked : {padded, causal, padded}) {
+  for (const auto& blocked : {padded, causal, shared, padded}) {
     auto x = torch::randn({b, t, o.d_model});
     auto got = attn->forward(x, blocked, nullptr, 0);
     auto want = reference(x, blocked);
