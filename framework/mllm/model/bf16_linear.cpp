@@ -9,6 +9,7 @@
 #include <string>
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -68,6 +69,22 @@ const MklChoice& mkl_choice() {
 }
 
 GemmBf16Bf16F32 mkl_gemm() { return mkl_choice().gemm; }
+
+// ReLU's gradient on bf16 bit patterns: out = y <= 0 ? 0 : g (PyTorch's threshold_backward
+// with threshold 0, so a NaN output passes the gradient), for y = relu(.) and its gradient g.
+// y <= 0 for +-0 and for a set sign bit with a non-NaN magnitude. One pass over 16-bit integers
+// (ATen's kernel widens both operands to float32 and rounds back).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void relu_grad_bits(const uint16_t* __restrict g, const uint16_t* __restrict y,
+                    uint16_t* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t magnitude = y[i] & 0x7FFFu;
+    const bool at_most_zero = magnitude == 0 || ((y[i] & 0x8000u) != 0 && magnitude <= 0x7F80u);
+    out[i] = at_most_zero ? uint16_t{0} : g[i];
+  }
+}
 
 // oneDNN's fused linear, mkldnn::_linear_pointwise(X, W, B, attr, scalars, algorithm): one inner
 // product with the bias (and, with attr "relu", the ReLU) applied to the float32 accumulator
@@ -144,7 +161,7 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
     torch::Tensor g = grad_out[0].to(torch::kBFloat16);
     // ReLU's gradient: zero where the output is 0 (PyTorch's relu backward, threshold 0).
-    if (ctx->saved_data["relu"].toBool()) g = at::threshold_backward(g, saved[2], 0);
+    if (ctx->saved_data["relu"].toBool()) g = relu_grad_bf16(g, saved[2]);
     g = g.reshape({rows, out}).contiguous();
     torch::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
@@ -249,6 +266,23 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
        static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out), xc.data_ptr(),
        static_cast<int>(in), 0.0f, dw.data_ptr<float>(), static_cast<int>(in));
   return dw;
+}
+
+torch::Tensor relu_grad_bf16(const torch::Tensor& g_any, const torch::Tensor& y_any) {
+  if (g_any.scalar_type() != torch::kBFloat16 || y_any.scalar_type() != torch::kBFloat16 ||
+      g_any.sizes() != y_any.sizes() || !g_any.is_cpu() || !y_any.is_cpu())
+    throw Error(c10::str("relu_grad_bf16: expected g and y bf16 CPU tensors of one shape, got ",
+                         g_any.sizes(), " ", g_any.scalar_type(), " and ", y_any.sizes(), " ",
+                         y_any.scalar_type()));
+  const torch::Tensor g = g_any.contiguous(), y = y_any.contiguous();
+  torch::Tensor out = torch::empty_like(g, at::MemoryFormat::Contiguous);
+  const auto* gp = reinterpret_cast<const uint16_t*>(g.const_data_ptr());
+  const auto* yp = reinterpret_cast<const uint16_t*>(y.const_data_ptr());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, g.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    relu_grad_bits(gp + begin, yp + begin, op + begin, end - begin);
+  });
+  return out;
 }
 
 torch::Tensor bias_grad_float32(const torch::Tensor& g) {

@@ -659,6 +659,21 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
   EXPECT_THROW(bf16_autocast_linears(x, {a->weight, c->weight}, {}), Error);
 }
 
+// ReLU's gradient on bit patterns against PyTorch's threshold_backward(g, y, 0), for every one of
+// the 65,536 bf16 values of y (zeros of both signs, subnormals, infinities, NaNs of both signs),
+// in a shape that is not a multiple of any vector width, and a non-contiguous g.
+TEST(Linear, ReluGradBf16EqualsThresholdBackwardOnEveryValue) {
+  torch::manual_seed(11);
+  auto bits = torch::arange(65536, torch::kInt).to(torch::kShort);  // wraps to int16's range
+  auto y = bits.view(torch::kBFloat16).reshape({2, 32768}).narrow(1, 1, 32767);
+  auto g = torch::randn({32767, 2}).to(torch::kBFloat16).t();
+  auto got = relu_grad_bf16(g, y);
+  auto want = at::threshold_backward(g, y, 0);
+  EXPECT_TRUE(torch::equal(got.view(torch::kShort), want.contiguous().view(torch::kShort)));
+  EXPECT_THROW(relu_grad_bf16(g.to(torch::kFloat), y), Error);
+  EXPECT_THROW(relu_grad_bf16(g, y.narrow(1, 0, 5)), Error);
+}
+
 TEST(Linear, BiasGradFloat32AgainstFloat64AndItsErrors) {
   torch::manual_seed(9);
   auto g = torch::randn({777, 40}).to(torch::kBFloat16);
