@@ -66,6 +66,55 @@ void mask_pairs_bf16(const uint16_t* __restrict src, uint16_t* __restrict dst, i
 
 // out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`. One 64-bit hash serves two
 // elements: keep(2j) = bits 40..63 of mix(seed, j) >= threshold, keep(2j+1) = bits 16..39.
+// The residual form for bf16 branches (dropout_add): pairs jb..je-1 of
+//   dst[i] = res[i] + float(keep ? bf16(float(src[i]) * scale) : 0)     (float32 res and dst)
+// with the keep bits of mask_pairs_bf16, so the values are those of res + dropout(src) summed
+// in float32. keep_all (p == 0 or evaluation): every element kept with scale 1, no hash.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void add_mask_pairs_bf16(const float* __restrict res, const uint16_t* __restrict src,
+                         float* __restrict dst, int64_t jb, int64_t je, uint64_t seed,
+                         uint32_t threshold, float scale, bool keep_all) {
+  using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+  if (keep_all) {
+    for (int64_t i = 2 * jb; i < 2 * je; ++i) dst[i] = res[i] + f32_from_bits(src[i]);
+    return;
+  }
+  for (int64_t j = jb; j < je; ++j) {
+    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
+    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const float v0 = f32_from_bits(round_to_nearest_even(f32_from_bits(src[2 * j]) * scale));
+    const float v1 = f32_from_bits(round_to_nearest_even(f32_from_bits(src[2 * j + 1]) * scale));
+    dst[2 * j] = res[2 * j] + (b0 >= threshold ? v0 : 0.0f);
+    dst[2 * j + 1] = res[2 * j + 1] + (b1 >= threshold ? v1 : 0.0f);
+  }
+}
+
+// Its backward for the branch: pairs jb..je-1 of dst[i] = keep ? bf16(float(bf16(g[i])) * scale)
+// : 0 from the float32 gradient g: the float32 gradient rounded to the branch's bf16 (as autograd
+// casts it at the sum), then mask_pairs_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void grad_mask_pairs_bf16(const float* __restrict g, uint16_t* __restrict dst, int64_t jb,
+                          int64_t je, uint64_t seed, uint32_t threshold, float scale,
+                          bool keep_all) {
+  using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+  if (keep_all) {
+    for (int64_t i = 2 * jb; i < 2 * je; ++i) dst[i] = round_to_nearest_even(g[i]);
+    return;
+  }
+  for (int64_t j = jb; j < je; ++j) {
+    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
+    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const uint16_t v0 = round_to_nearest_even(f32_from_bits(round_to_nearest_even(g[2 * j])) * scale);
+    const uint16_t v1 = round_to_nearest_even(f32_from_bits(round_to_nearest_even(g[2 * j + 1])) * scale);
+    dst[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
+    dst[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
+  }
+}
+
 torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t threshold, float scale) {
   torch::Tensor in = in_any.contiguous();
   torch::Tensor out = torch::empty_like(in, at::MemoryFormat::Contiguous);
@@ -122,6 +171,68 @@ struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
   }
 };
 
+// residual + dropout(branch) for a float32 residual and a bf16 branch of one shape, both CPU and
+// contiguous: one pass forward (no bf16 dropout output, no mixed-dtype add) and one backward
+// (the residual's gradient passes through; the branch's is rounded and masked in one pass).
+// keep_all: p == 0 or evaluation (no seed drawn, as dropout draws none then).
+struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& res,
+                               const torch::Tensor& branch, int64_t seed, int64_t threshold,
+                               double scale, bool keep_all) {
+    ctx->saved_data["seed"] = seed;
+    ctx->saved_data["threshold"] = threshold;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["keep_all"] = keep_all;
+    torch::Tensor out = torch::empty_like(res, at::MemoryFormat::Contiguous);
+    const float* r = res.const_data_ptr<float>();
+    const auto* b = reinterpret_cast<const uint16_t*>(branch.const_data_ptr());
+    float* o = out.data_ptr<float>();
+    const int64_t n = res.numel();
+    at::parallel_for(0, (n + 1) / 2, 1 << 13, [&](int64_t begin, int64_t end) {
+      const int64_t full = std::min(end, n / 2);
+      if (begin < full)
+        add_mask_pairs_bf16(r, b, o, begin, full, static_cast<uint64_t>(seed),
+                            static_cast<uint32_t>(threshold), static_cast<float>(scale), keep_all);
+      if (end > full && n % 2 == 1) {  // the last, unpaired element (kept bits: 40..63)
+        using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+        const int64_t i = n - 1;
+        const bool keep =
+            keep_all || static_cast<uint32_t>(mix(static_cast<uint64_t>(seed), i / 2) >> 40) >=
+                            static_cast<uint32_t>(threshold);
+        const float v = keep_all ? f32_from_bits(b[i])
+                                 : f32_from_bits(round_to_nearest_even(f32_from_bits(b[i]) *
+                                                                       static_cast<float>(scale)));
+        o[i] = r[i] + (keep ? v : 0.0f);
+      }
+    });
+    return out;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const torch::Tensor g = grads[0].to(torch::kFloat).contiguous();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    const auto threshold = static_cast<uint32_t>(ctx->saved_data["threshold"].toInt());
+    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const bool keep_all = ctx->saved_data["keep_all"].toBool();
+    torch::Tensor db = torch::empty(g.sizes(), g.options().dtype(torch::kBFloat16));
+    const float* gp = g.const_data_ptr<float>();
+    auto* d = reinterpret_cast<uint16_t*>(db.data_ptr());
+    const int64_t n = g.numel();
+    at::parallel_for(0, (n + 1) / 2, 1 << 13, [&](int64_t begin, int64_t end) {
+      const int64_t full = std::min(end, n / 2);
+      if (begin < full) grad_mask_pairs_bf16(gp, d, begin, full, seed, threshold, scale, keep_all);
+      if (end > full && n % 2 == 1) {
+        using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+        const int64_t i = n - 1;
+        const bool keep = keep_all || static_cast<uint32_t>(mix(seed, i / 2) >> 40) >= threshold;
+        const uint16_t gb = round_to_nearest_even(gp[i]);
+        d[i] = !keep ? uint16_t{0} : keep_all ? gb : round_to_nearest_even(f32_from_bits(gb) * scale);
+      }
+    });
+    return {grads[0], db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
@@ -140,10 +251,36 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   return DropoutFunction::apply(x, static_cast<int64_t>(seed), threshold, 1.0 / (1.0 - p));
 }
 
+torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& branch, double p,
+                          bool training) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
+  const bool fused = residual.is_cpu() && branch.is_cpu() &&
+                     residual.scalar_type() == torch::kFloat &&
+                     branch.scalar_type() == torch::kBFloat16 &&
+                     residual.sizes() == branch.sizes() && residual.is_contiguous() &&
+                     branch.is_contiguous();
+  if (!fused) return residual + mllm::dropout(branch, p, training);
+  const bool keep_all = !training || p == 0.0;
+  uint64_t seed = 0;
+  if (!keep_all) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  const auto threshold =
+      keep_all ? int64_t{0} : static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
+  return DropoutAddFunction::apply(residual, branch, static_cast<int64_t>(seed), threshold,
+                                   keep_all ? 1.0 : 1.0 / (1.0 - p), keep_all);
+}
+
 DropoutImpl::DropoutImpl(double p) : p_(p) {
   if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
 }
 
 torch::Tensor DropoutImpl::forward(const torch::Tensor& x) { return mllm::dropout(x, p_, is_training()); }
+
+torch::Tensor DropoutImpl::add_to(const torch::Tensor& residual, const torch::Tensor& branch) {
+  return mllm::dropout_add(residual, branch, p_, is_training());
+}
 
 }  // namespace mllm

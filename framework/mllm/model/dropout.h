@@ -22,12 +22,24 @@ namespace mllm {
 // [0, 1) or a non-floating x.
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 
+// residual + dropout(branch, p, training), the same values and the same random draws (one seed
+// per call in training with p > 0, none otherwise). For a float32 residual and a bf16 branch of
+// one shape, contiguous on the CPU (the residual stream and a block's output under bf16
+// autocast) one pass: the branch dropped, scaled, rounded to bf16 as dropout rounds it, and
+// added in float32; backward: the residual's gradient passes through, the branch's is rounded to
+// bf16 and masked in one pass. Otherwise residual + dropout(branch). Result: the sum's shape
+// and dtype (float32 for the fused case). Throws mllm::Error as dropout.
+torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& branch, double p,
+                          bool training);
+
 // The module form, a drop-in for torch::nn::Dropout(p) (no parameters or buffers, so state
 // dicts and checkpoints are unchanged).
 class DropoutImpl : public torch::nn::Module {
  public:
   explicit DropoutImpl(double p = 0.5);
   torch::Tensor forward(const torch::Tensor& x);
+  // residual + forward(branch): dropout_add with this module's p and training flag.
+  torch::Tensor add_to(const torch::Tensor& residual, const torch::Tensor& branch);
   double p() const { return p_; }
 
  private:

@@ -92,8 +92,8 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
                                       const Rotary& rope, int64_t offset, torch::Tensor* cache_k,
                                       torch::Tensor* cache_v) {
-  auto h = x + drop1(attn(attn_norm(x), blocked, &rope, offset, cache_k, cache_v));
-  return h + drop2(ffn(ffn_norm(h)));
+  auto h = drop1->add_to(x, attn(attn_norm(x), blocked, &rope, offset, cache_k, cache_v));
+  return drop2->add_to(h, ffn(ffn_norm(h)));
 }
 
 }  // namespace detail

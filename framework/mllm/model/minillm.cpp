@@ -71,8 +71,8 @@ MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {
 torch::Tensor MiniLLMBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
                                         int64_t offset, torch::Tensor* cache_k,
                                         torch::Tensor* cache_v) {
-  auto h = norm1(x + drop1(attn(x, blocked, nullptr, offset, cache_k, cache_v)));
-  return norm2(h + drop2(ffn(h)));
+  auto h = norm1(drop1->add_to(x, attn(x, blocked, nullptr, offset, cache_k, cache_v)));
+  return norm2(drop2->add_to(h, ffn(h)));
 }
 
 }  // namespace detail

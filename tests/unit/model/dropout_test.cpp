@@ -100,5 +100,50 @@ TEST(Dropout, BFloat16KeepsTheFloat32MaskAndRoundsOnce) {
   EXPECT_TRUE(xg.grad().equal(want_g));
 }
 
+// dropout_add: a float32 residual plus a bf16 branch in one pass equals residual +
+// dropout(branch) — the bf16 dropout's values (a kept element float(x) / (1 - p) rounded to bf16)
+// added in float32 — with the same seed, bit for bit, forward and backward (the branch's
+// gradient: the float32 gradient rounded to bf16, then masked and scaled as dropout's backward).
+// Odd length, both signs, training with p = 0.3, p = 0 and evaluation (no seed drawn: the next
+// dropout's mask is unchanged), and the unfused fallback for a float32 branch.
+TEST(Dropout, AddToResidualEqualsResidualPlusDropout) {
+  const int64_t n = 100001;
+  torch::manual_seed(4);
+  auto res = torch::randn({n});
+  auto branch = (torch::randn({n}) * 3).to(torch::kBFloat16);
+  auto g = torch::randn({n});
+  for (const auto& [p, training] : {std::pair{0.3, true}, std::pair{0.0, true}, std::pair{0.3, false}}) {
+    auto r1 = res.clone().requires_grad_(true), b1 = branch.clone().requires_grad_(true);
+    auto r2 = res.clone().requires_grad_(true), b2 = branch.clone().requires_grad_(true);
+    torch::manual_seed(21);
+    auto fused = dropout_add(r1, b1, p, training);
+    auto next1 = torch::rand({4});
+    torch::manual_seed(21);
+    auto want = r2 + mllm::dropout(b2, p, training);
+    auto next2 = torch::rand({4});
+    ASSERT_EQ(fused.scalar_type(), torch::kFloat);
+    EXPECT_TRUE(fused.equal(want)) << "p " << p << " training " << training;
+    EXPECT_TRUE(next1.equal(next2));  // the same number of draws from the generator
+    fused.backward(g);
+    want.backward(g);
+    EXPECT_TRUE(r1.grad().equal(r2.grad()));
+    ASSERT_EQ(b1.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(b1.grad().equal(b2.grad())) << "p " << p << " training " << training;
+  }
+  // The formula, by hand: kept where the float32 dropout of the same seed keeps.
+  torch::manual_seed(33);
+  auto y = dropout_add(res, branch, 0.3, true);
+  torch::manual_seed(33);
+  auto keep = mllm::dropout(torch::ones({n}), 0.3, true) != 0;
+  auto kept = (branch.to(torch::kFloat) * static_cast<float>(1.0 / 0.7)).to(torch::kBFloat16).to(torch::kFloat);
+  EXPECT_TRUE(y.equal(res + torch::where(keep, kept, torch::zeros_like(kept))));
+  // Not the fused case (a float32 branch): residual + dropout.
+  torch::manual_seed(8);
+  auto f = dropout_add(res, branch.to(torch::kFloat), 0.3, true);
+  torch::manual_seed(8);
+  EXPECT_TRUE(f.equal(res + mllm::dropout(branch.to(torch::kFloat), 0.3, true)));
+  EXPECT_THROW(dropout_add(res, branch, 1.0, true), Error);
+}
+
 }  // namespace
 }  // namespace mllm
