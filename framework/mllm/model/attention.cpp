@@ -146,11 +146,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     // padding: training's packed rows) enters the product itself, as baddbmm's C = bias +
     // q k^T: the same bits as the rounded product plus the bias (the sum is either the rounded
     // score or bf16(-1e9)), without a separate add pass over [b, h, t, keys].
+    //
+    // With baddbmm, k is gathered head-major as [b * h, keys, hd] (the copy q gets too) and
+    // read transposed by the GEMM, rather than gathered transposed; and a power-of-two scale
+    // (head_dim a power of 4) is the GEMM's alpha: exact either way, so the same bits, without
+    // a pass over q (forward and backward).
     const auto bias = additive_mask(blocked, q.scalar_type());
     if (bias.size(0) == 1) {
       const int64_t bh = q.size(0) * q.size(1), queries = q.size(2), keys = k.size(2);
-      scores = at::baddbmm(bias.view({1, queries, keys}), (q * scale).reshape({bh, queries, hd}),
-                           k.transpose(-2, -1).reshape({bh, hd, keys}))
+      int exponent = 0;
+      const bool power_of_two = std::frexp(scale, &exponent) == 0.5;
+      scores = at::baddbmm(bias.view({1, queries, keys}),
+                           (power_of_two ? q : q * scale).reshape({bh, queries, hd}),
+                           k.reshape({bh, keys, hd}).transpose(1, 2), /*beta=*/1,
+                           /*alpha=*/power_of_two ? scale : 1.0)
                    .view({q.size(0), q.size(1), queries, keys});
     } else {
       scores = torch::matmul(q * scale, k.transpose(-2, -1));

@@ -695,21 +695,25 @@ TEST(Linear, BiasGradFloat32AgainstFloat64AndItsErrors) {
 // the reference here is the masked_fill formula written out with the same parameters and ops.
 // Outputs agree bit for bit, also in rows where every key is masked (uniform attention), and so
 // do the weights' gradients from a loss that reads no such row (as training's loss reads no padding
-// query). A mask shared by the batch goes through baddbmm (the bias inside the product). Masks
+// query). A mask shared by the batch goes through baddbmm (the bias inside the product, and a
+// power-of-two scale as its alpha). Masks
 // in a row, and one changed in place, check that a cached bias is not reused.
 TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
+  // head_dim 8 (scale 1/sqrt(8), applied to q) and 16 (scale 1/4, the GEMM's alpha).
+  for (const int64_t hd : {8, 16}) {
+  SCOPED_TRACE("head_dim " + std::to_string(hd));
   torch::manual_seed(3);
   AttentionOptions o;
-  o.d_model = 16;
+  o.d_model = 2 * hd;
   o.n_heads = 2;
   o.n_kv_heads = 2;
   Attention attn(o);
-  const int64_t b = 2, t = 5, h = 2, hd = 8;
+  const int64_t b = 2, t = 5, h = 2;
   auto reference = [&](const torch::Tensor& x, const torch::Tensor& blocked) {
     auto heads = [&](const torch::nn::Linear& p) {
       return linear(p, x).view({b, t, h, hd}).transpose(1, 2);
     };
-    auto scores = torch::matmul(heads(attn->q_proj) * (1.0 / std::sqrt(8.0)),
+    auto scores = torch::matmul(heads(attn->q_proj) * (1.0 / std::sqrt(static_cast<double>(hd))),
                                 heads(attn->k_proj).transpose(-2, -1));
     scores.masked_fill_(blocked, -1e9);
     auto out = torch::matmul(torch::softmax(scores, -1), heads(attn->v_proj));
@@ -747,6 +751,7 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   padded.index_put_({0, 0, 4, 0}, true);  // query 4 of row 0 no longer sees key 0
   auto x = torch::randn({b, t, o.d_model});
   EXPECT_TRUE(torch::equal(attn->forward(x, padded, nullptr, 0), reference(x, padded)));
+  }
 }
 
 TEST(LossTest, HandComputedCrossEntropy) {
