@@ -175,8 +175,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   // 2.3e-3 relative, against 1.7e-3 for a float32 backward rounded to bf16
   // (docs/precision.md); the float32 copies of [b, h, t, keys] and their casts are gone.
   if (scores.scalar_type() != torch::kBFloat16) scores.masked_fill_(blocked, -1e9);
-  auto attn = torch::softmax(scores, -1);
-  if (options_.attn_dropout > 0) attn = attn_drop_(attn);
+  // Softmax, then dropout (with bf16 scores in training, one fused backward: softmax_dropout).
+  auto attn = options_.attn_dropout > 0 && scores.scalar_type() == torch::kBFloat16
+                  ? attn_drop_->of_softmax(scores)
+                  : torch::softmax(scores, -1);
+  if (options_.attn_dropout > 0 && scores.scalar_type() != torch::kBFloat16) attn = attn_drop_(attn);
   auto out = torch::matmul(attn, v);  // [b, h, t, hd]
   return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
 }

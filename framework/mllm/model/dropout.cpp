@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/BFloat16.h>
 #include <fmt/format.h>
 
@@ -112,6 +114,46 @@ void grad_mask_pairs_bf16(const float* __restrict g, uint16_t* __restrict dst, i
     const uint16_t v1 = round_to_nearest_even(f32_from_bits(round_to_nearest_even(g[2 * j + 1])) * scale);
     dst[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
     dst[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
+  }
+}
+
+// The backward of dropout(softmax(x)) for bf16 rows of `keys` (even) elements, rows rb..re-1:
+// with gy = the dropout's backward of g (keep ? bf16(float(g) * scale) : 0, pair bits as
+// mask_pairs_bf16, the element index counting from the tensor's start) and y the softmax output,
+//   out = bf16((gy - sum_k gy_k y_k) * y)          (PyTorch's softmax backward, in float32)
+// in one pass over g and y instead of the dropout's pass and the softmax backward's. The row sum
+// runs in 16 float32 lanes, added in a fixed order: the same bits on every code path (GCC keeps
+// -ffp-contract=off under -std=c++17, so no path fuses multiply-adds). `gy` holds a row.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void softmax_dropout_grad_rows(const uint16_t* __restrict g, const uint16_t* __restrict y,
+                               uint16_t* __restrict out, int64_t rb, int64_t re, int64_t keys,
+                               uint64_t seed, uint32_t threshold, float scale,
+                               float* __restrict gy) {
+  using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
+  constexpr int kLanes = 16;
+  for (int64_t r = rb; r < re; ++r) {
+    const uint16_t* gr = g + r * keys;
+    const uint16_t* yr = y + r * keys;
+    uint16_t* outr = out + r * keys;
+    const int64_t j0 = r * keys / 2;
+    for (int64_t j = 0; j < keys / 2; ++j) {
+      const uint64_t h = mix(seed, static_cast<uint64_t>(j0 + j));
+      const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+      const float v0 = f32_from_bits(round_to_nearest_even(f32_from_bits(gr[2 * j]) * scale));
+      const float v1 = f32_from_bits(round_to_nearest_even(f32_from_bits(gr[2 * j + 1]) * scale));
+      gy[2 * j] = b0 >= threshold ? v0 : 0.0f;
+      gy[2 * j + 1] = b1 >= threshold ? v1 : 0.0f;
+    }
+    float lanes[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= keys; k += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] += gy[k + l] * f32_from_bits(yr[k + l]);
+    float dot = 0.0f;
+    for (int l = 0; l < kLanes; ++l) dot += lanes[l];
+    for (; k < keys; ++k) dot += gy[k] * f32_from_bits(yr[k]);
+    for (k = 0; k < keys; ++k) outr[k] = round_to_nearest_even((gy[k] - dot) * f32_from_bits(yr[k]));
   }
 }
 
@@ -233,6 +275,43 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
   }
 };
 
+// dropout(softmax(scores, -1)) for bf16 scores, contiguous, with an even last dimension, on the
+// CPU: the forward is LibTorch's softmax and apply_mask (the same values), the backward one pass
+// (softmax_dropout_grad_rows). Saves the softmax output, as the softmax alone does.
+struct SoftmaxDropoutFunction : public torch::autograd::Function<SoftmaxDropoutFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& scores,
+                               int64_t seed, int64_t threshold, double scale) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const torch::Tensor y = at::_softmax(scores, -1, /*half_to_float=*/false);
+    ctx->save_for_backward({y});
+    ctx->saved_data["seed"] = seed;
+    ctx->saved_data["threshold"] = threshold;
+    ctx->saved_data["scale"] = scale;
+    return apply_mask(y, static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold),
+                      static_cast<float>(scale));
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const torch::Tensor y = ctx->get_saved_variables()[0].contiguous();
+    const torch::Tensor g = grads[0].to(torch::kBFloat16).contiguous();
+    torch::Tensor out = torch::empty_like(y, at::MemoryFormat::Contiguous);
+    const int64_t keys = y.size(-1), rows = keys == 0 ? 0 : y.numel() / keys;
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    const auto threshold = static_cast<uint32_t>(ctx->saved_data["threshold"].toInt());
+    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const auto* gp = reinterpret_cast<const uint16_t*>(g.const_data_ptr());
+    const auto* yp = reinterpret_cast<const uint16_t*>(y.const_data_ptr());
+    auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+    at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(keys, 1)),
+                     [&](int64_t begin, int64_t end) {
+                       std::vector<float> gy(static_cast<size_t>(keys));
+                       softmax_dropout_grad_rows(gp, yp, op, begin, end, keys, seed, threshold,
+                                                 scale, gy.data());
+                     });
+    return {out, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
@@ -273,11 +352,32 @@ torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& br
                                    keep_all ? 1.0 : 1.0 / (1.0 - p), keep_all);
 }
 
+torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
+  const bool fused = training && p > 0.0 && scores.is_cpu() &&
+                     scores.scalar_type() == torch::kBFloat16 && scores.dim() >= 1 &&
+                     scores.size(-1) % 2 == 0 && scores.is_contiguous();
+  if (!fused) return mllm::dropout(torch::softmax(scores, -1), p, training);
+  uint64_t seed = 0;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  const auto threshold = static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
+  return SoftmaxDropoutFunction::apply(scores, static_cast<int64_t>(seed), threshold,
+                                       1.0 / (1.0 - p));
+}
+
 DropoutImpl::DropoutImpl(double p) : p_(p) {
   if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
 }
 
 torch::Tensor DropoutImpl::forward(const torch::Tensor& x) { return mllm::dropout(x, p_, is_training()); }
+
+torch::Tensor DropoutImpl::of_softmax(const torch::Tensor& scores) {
+  return mllm::softmax_dropout(scores, p_, is_training());
+}
 
 torch::Tensor DropoutImpl::add_to(const torch::Tensor& residual, const torch::Tensor& branch) {
   return mllm::dropout_add(residual, branch, p_, is_training());

@@ -32,12 +32,22 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& branch, double p,
                           bool training);
 
+// dropout(softmax(scores, -1), p, training), the same values and random draws (attention's
+// probabilities). For bf16 scores, contiguous, with an even last dimension, on the CPU in
+// training with p > 0: a backward in one pass (the dropout's mask, then PyTorch's softmax
+// backward (g - sum(g * y)) * y in float32, rounded once to bf16) instead of two, which agrees
+// with the unfused backward to float32 rounding of the row sum (its summation order differs).
+// scores [..., keys] -> [..., keys], scores' dtype. Throws mllm::Error as dropout.
+torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training);
+
 // The module form, a drop-in for torch::nn::Dropout(p) (no parameters or buffers, so state
 // dicts and checkpoints are unchanged).
 class DropoutImpl : public torch::nn::Module {
  public:
   explicit DropoutImpl(double p = 0.5);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(softmax(scores, -1)): softmax_dropout with this module's p and training flag.
+  torch::Tensor of_softmax(const torch::Tensor& scores);
   // residual + forward(branch): dropout_add with this module's p and training flag.
   torch::Tensor add_to(const torch::Tensor& residual, const torch::Tensor& branch);
   double p() const { return p_; }

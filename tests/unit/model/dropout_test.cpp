@@ -145,5 +145,54 @@ TEST(Dropout, AddToResidualEqualsResidualPlusDropout) {
   EXPECT_THROW(dropout_add(res, branch, 1.0, true), Error);
 }
 
+// softmax_dropout: forward bit for bit dropout(softmax(x)) with the same seed; the fused backward
+// against float64: out = (gy - sum(gy * y)) * y with gy the dropout's backward of g (kept:
+// bf16(g / (1 - p)), else 0), within one bf16 rounding of the result plus the float32 row sum's
+// error bound (Higham: keys * 2^-24 * sum |gy * y|, times |y|). Rows of 256 keys with masked
+// (-1e9) entries as in causal attention; evaluation, p = 0 and an odd last dimension take the
+// unfused path (the same values).
+TEST(Dropout, SoftmaxDropoutEqualsDropoutOfSoftmax) {
+  const double p = 0.1;
+  const int64_t rows = 96, keys = 256;
+  torch::manual_seed(12);
+  auto x = (torch::randn({2, rows / 2, keys}) * 3)
+               .masked_fill(torch::ones({rows / 2, keys}, torch::kBool).triu(1), -1e9)
+               .to(torch::kBFloat16)
+               .requires_grad_(true);
+  auto g = torch::randn({2, rows / 2, keys}).to(torch::kBFloat16);
+  torch::manual_seed(40);
+  auto got = softmax_dropout(x, p, true);
+  torch::manual_seed(40);
+  auto want = mllm::dropout(torch::softmax(x.detach(), -1), p, true);
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(got.equal(want));
+  got.backward(g);
+  const auto y = torch::softmax(x.detach(), -1).to(torch::kDouble);
+  torch::manual_seed(40);
+  const auto keep_bits = mllm::dropout(torch::ones({2, rows / 2, keys}), p, true).ne(0);
+  const auto gy = torch::where(keep_bits,
+                               (g.to(torch::kFloat) * static_cast<float>(1.0 / (1.0 - p)))
+                                   .to(torch::kBFloat16)
+                                   .to(torch::kDouble),
+                               torch::zeros({}, torch::kDouble));
+  const auto dot = (gy * y).sum(-1, /*keepdim=*/true);
+  const auto ref = (gy - dot) * y;
+  const auto bound = ref.abs() * std::ldexp(1.0, -8) +
+                     (gy * y).abs().sum(-1, true) * (keys * std::ldexp(1.0, -24)) * y.abs() + 1e-30;
+  const auto err = (x.grad().to(torch::kDouble) - ref).abs();
+  EXPECT_TRUE(err.le(bound).all().item<bool>()) << "max error " << err.max().item<double>();
+  EXPECT_GT(x.grad().ne(0).sum().item<int64_t>(), rows * keys / 16);  // not vacuous
+  // The unfused cases give dropout(softmax(x)) itself.
+  auto xd = x.detach();
+  EXPECT_TRUE(softmax_dropout(xd, p, false).equal(torch::softmax(xd, -1)));
+  EXPECT_TRUE(softmax_dropout(xd, 0.0, true).equal(torch::softmax(xd, -1)));
+  auto odd = xd.narrow(-1, 0, keys - 1).contiguous();
+  torch::manual_seed(41);
+  auto a = softmax_dropout(odd, p, true);
+  torch::manual_seed(41);
+  EXPECT_TRUE(a.equal(mllm::dropout(torch::softmax(odd, -1), p, true)));
+  EXPECT_THROW(softmax_dropout(xd, 1.0, true), Error);
+}
+
 }  // namespace
 }  // namespace mllm
