@@ -337,7 +337,11 @@ std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
                "bf16_autocast_linears: CPU weights [out_i, in] with one in");
     w16.push_back(cached_bf16(w));
   }
-  for (const auto& bias : biases) b16.push_back(cached_bf16(bias));
+  for (size_t i = 0; i < biases.size(); ++i) {
+    MLLM_CHECK(biases[i].is_cpu() && biases[i].dim() == 1 && biases[i].size(0) == weights[i].size(0),
+               "bf16_autocast_linears: biases [out_i] on the CPU, one per weight");
+    b16.push_back(cached_bf16(biases[i]));
+  }
   MLLM_CHECK(x.is_cpu(), "bf16_autocast_linears: CPU tensors only");
   std::optional<torch::Tensor> bcat;
   if (!b16.empty()) bcat = at::cat(b16);

@@ -13,8 +13,10 @@
 // values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
 // (mkldnn::_linear_pointwise: the bias, and the ReLU of linear_relu, applied to the float32
 // accumulator, without addmm's copy of the broadcast bias into the output and without a
-// separate ReLU pass), else ATen's linear. The input gradient is ATen's bf16 mm, as before; the
-// bias gradient a float32 sum from oneMKL.
+// separate ReLU pass), else ATen's linear. One exception: oneDNN's ReLU maps a NaN
+// pre-activation to 0 where torch::relu keeps the NaN (a NaN there comes from a NaN in x, which
+// the residual stream also carries to the loss). The input gradient is ATen's bf16 mm, as
+// before; the bias gradient a float32 sum from oneMKL.
 #pragma once
 
 #include <torch/torch.h>
@@ -57,9 +59,9 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 //   bias [out] float32 or undefined -> y [..., out] bf16.
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
-// Backward (through ReLU's gradient first, relu_grad_bf16, with `relu`): the input gradient in x's dtype (ATen's
-// bf16 mm), the weight gradient in float32 (weight_grad_float32), the bias gradient in float32
-// (bias_grad_float32). The output is saved for the backward with `relu`: modifying it in place
+// Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
+// x's dtype (ATen's bf16 mm), the weight gradient in float32 (weight_grad_float32), the bias
+// gradient in float32 (bias_grad_float32). The output is saved for the backward with `relu`: modifying it in place
 // then makes the backward throw (autograd's version check). Requires grad mode and CPU tensors;
 // throws mllm::Error otherwise.
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
@@ -69,11 +71,13 @@ torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& 
 // float32 (their autocast-cached bf16 copies concatenated, [sum out_i, in]), biases [out_i]
 // float32 (all or none: empty) -> outputs [..., out_i] bf16, views of one [..., sum out_i]
 // tensor (not to be modified in place: autograd forbids it for views made in a custom Function).
+// A layer whose output no loss reads gets zero gradients (not undefined ones).
 // x is cast to bf16 once. Backward: one input-gradient product over the outputs' gradients side
 // by side — the layers' input gradients summed inside the GEMM in float32, rounded to bf16 once,
 // then cast to x's dtype — and one float32 weight-gradient product and one bias sum, split back
 // to the layers (weight_grad_float32, bias_grad_float32). Throws mllm::Error outside grad mode,
-// for non-CPU tensors, differing in-features or a bias count other than 0 or weights.size().
+// for non-CPU tensors, differing in-features, a bias count other than 0 or weights.size(), or a
+// bias that is not [out_i].
 std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
                                                  const std::vector<torch::Tensor>& weights,
                                                  const std::vector<torch::Tensor>& biases);

@@ -122,10 +122,12 @@ void grad_mask_pairs_bf16(const float* __restrict g, uint16_t* __restrict dst, i
 // mask_pairs_bf16, the element index counting from the tensor's start) and y the softmax output,
 //   out = bf16((gy - sum_k gy_k y_k) * y)          (PyTorch's softmax backward, in float32)
 // in one pass over g and y instead of the dropout's pass and the softmax backward's. The row sum
-// runs in 16 float32 lanes, added in a fixed order: the same bits on every code path (GCC keeps
-// -ffp-contract=off under -std=c++17, so no path fuses multiply-adds). `gy` holds a row.
+// runs in 16 float32 lanes, added in a fixed order: the same bits on every code path (no
+// multiply-add contraction, which GCC would otherwise do in the x86-64-v4 version only; a
+// command-line -ffp-contract does not reach a file that includes the precompiled header).
+// `gy` holds a row.
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
 #endif
 void softmax_dropout_grad_rows(const uint16_t* __restrict g, const uint16_t* __restrict y,
                                uint16_t* __restrict out, int64_t rb, int64_t re, int64_t keys,
@@ -251,6 +253,8 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
+    if (!ctx->needs_input_grad(1)) return {grads[0], torch::Tensor(), torch::Tensor(),
+                                           torch::Tensor(), torch::Tensor(), torch::Tensor()};
     const torch::Tensor g = grads[0].to(torch::kFloat).contiguous();
     const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
     const auto threshold = static_cast<uint32_t>(ctx->saved_data["threshold"].toInt());

@@ -160,7 +160,8 @@ torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
 // op (bf16_autocast_linear with relu: oneDNN applies the ReLU to the float32 accumulator before
-// rounding, which equals rounding first, as ReLU commutes with rounding).
+// rounding, which equals rounding first, as ReLU commutes with rounding; a NaN pre-activation
+// gives 0 there instead of NaN).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // {linear(layers[i], x)} for several layers reading the same x [..., in] (attention's Q/K/V

@@ -452,6 +452,29 @@ TEST(Linear, Bf16AutocastForwardEqualsAutocastsLinear) {
   }
 }
 
+// At the small benchmark's shapes (2048 rows; 512 -> 512 x 3, 512 -> 2048 with ReLU, 2048 ->
+// 512), the fused forward paths under bf16 autocast with grad mode — one product for Q/K/V
+// (linears), oneDNN's bias and ReLU (linear, linear_relu) — equal autocast's own linear and ReLU
+// bit for bit, as LibTorch computes them without grad mode (activation checkpointing's first
+// forward pass takes that path and its recomputation the fused one).
+TEST(Linear, FusedForwardsEqualAutocastAtModelShapes) {
+  torch::manual_seed(12);
+  std::vector<torch::nn::Linear> qkv{torch::nn::Linear(512, 512), torch::nn::Linear(512, 512),
+                                     torch::nn::Linear(512, 512)};
+  torch::nn::Linear fc1(512, 2048), fc2(2048, 512);
+  auto x = torch::randn({8, 256, 512}, torch::requires_grad());
+  CpuBf16Autocast autocast;
+  auto got = linears(qkv, x);
+  auto h = linear_relu(fc1, x);
+  auto out = linear(fc2, h);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < qkv.size(); ++i)
+    EXPECT_TRUE(torch::equal(got[i], torch::linear(x, qkv[i]->weight, qkv[i]->bias))) << i;
+  auto want_h = torch::relu(torch::linear(x, fc1->weight, fc1->bias));
+  EXPECT_TRUE(torch::equal(h, want_h));
+  EXPECT_TRUE(torch::equal(out, torch::linear(want_h, fc2->weight, fc2->bias)));
+}
+
 // Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
 // |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
 // Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
@@ -661,12 +684,18 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
 
 // ReLU's gradient on bit patterns against PyTorch's threshold_backward(g, y, 0), for every one of
 // the 65,536 bf16 values of y (zeros of both signs, subnormals, infinities, NaNs of both signs),
-// in a shape that is not a multiple of any vector width, and a non-contiguous g.
+// with a non-contiguous g, and on a length that is not a multiple of any vector width.
 TEST(Linear, ReluGradBf16EqualsThresholdBackwardOnEveryValue) {
   torch::manual_seed(11);
   auto bits = torch::arange(65536, torch::kInt).to(torch::kShort);  // wraps to int16's range
-  auto y = bits.view(torch::kBFloat16).reshape({2, 32768}).narrow(1, 1, 32767);
-  auto g = torch::randn({32767, 2}).to(torch::kBFloat16).t();
+  auto y = bits.view(torch::kBFloat16).reshape({256, 256});
+  auto g = torch::randn({256, 256}).to(torch::kBFloat16).t();
+  ASSERT_TRUE(y.view({-1}).view(torch::kShort).eq(0).any().item<bool>());  // +0 is there
+  auto odd = relu_grad_bf16(g.narrow(1, 0, 255), y.narrow(1, 0, 255));
+  EXPECT_TRUE(torch::equal(odd.view(torch::kShort),
+                           at::threshold_backward(g.narrow(1, 0, 255), y.narrow(1, 0, 255), 0)
+                               .contiguous()
+                               .view(torch::kShort)));
   auto got = relu_grad_bf16(g, y);
   auto want = at::threshold_backward(g, y, 0);
   EXPECT_TRUE(torch::equal(got.view(torch::kShort), want.contiguous().view(torch::kShort)));
