@@ -179,7 +179,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   auto attn = options_.attn_dropout > 0 && scores.scalar_type() == torch::kBFloat16
                   ? attn_drop_->of_softmax(scores)
                   : torch::softmax(scores, -1);
-  if (options_.attn_dropout > 0 && scores.scalar_type() != torch::kBFloat16) attn = attn_drop_(attn);
+  if (options_.attn_dropout > 0 && scores.scalar_type() != torch::kBFloat16)
+    attn = attn_drop_(attn);
   auto out = torch::matmul(attn, v);  // [b, h, t, hd]
   return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
 }

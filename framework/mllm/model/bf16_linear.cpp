@@ -226,7 +226,8 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
       bias_grads = bias_grads || (bias && ctx->needs_input_grad(1 + n + i));
     }
     if (weight_grads) {
-      const auto dw = weight_grad_float32(g, x16.reshape({rows, in}).contiguous()).split_with_sizes(outs, 0);
+      const auto dw =
+          weight_grad_float32(g, x16.reshape({rows, in}).contiguous()).split_with_sizes(outs, 0);
       for (size_t i = 0; i < n; ++i) grads[1 + i] = dw[i];
     }
     if (bias_grads) {
@@ -338,7 +339,8 @@ std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
     w16.push_back(cached_bf16(w));
   }
   for (size_t i = 0; i < biases.size(); ++i) {
-    MLLM_CHECK(biases[i].is_cpu() && biases[i].dim() == 1 && biases[i].size(0) == weights[i].size(0),
+    MLLM_CHECK(biases[i].is_cpu() && biases[i].dim() == 1 &&
+                   biases[i].size(0) == weights[i].size(0),
                "bf16_autocast_linears: biases [out_i] on the CPU, one per weight");
     b16.push_back(cached_bf16(biases[i]));
   }

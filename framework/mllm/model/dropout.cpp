@@ -110,8 +110,9 @@ void grad_mask_pairs_bf16(const float* __restrict g, uint16_t* __restrict dst, i
   for (int64_t j = jb; j < je; ++j) {
     const uint64_t h = mix(seed, static_cast<uint64_t>(j));
     const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
-    const uint16_t v0 = round_to_nearest_even(f32_from_bits(round_to_nearest_even(g[2 * j])) * scale);
-    const uint16_t v1 = round_to_nearest_even(f32_from_bits(round_to_nearest_even(g[2 * j + 1])) * scale);
+    const float g0 = f32_from_bits(round_to_nearest_even(g[2 * j]));
+    const float g1 = f32_from_bits(round_to_nearest_even(g[2 * j + 1]));
+    const uint16_t v0 = round_to_nearest_even(g0 * scale), v1 = round_to_nearest_even(g1 * scale);
     dst[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
     dst[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
   }
@@ -155,7 +156,8 @@ void softmax_dropout_grad_rows(const uint16_t* __restrict g, const uint16_t* __r
     float dot = 0.0f;
     for (int l = 0; l < kLanes; ++l) dot += lanes[l];
     for (; k < keys; ++k) dot += gy[k] * f32_from_bits(yr[k]);
-    for (k = 0; k < keys; ++k) outr[k] = round_to_nearest_even((gy[k] - dot) * f32_from_bits(yr[k]));
+    for (k = 0; k < keys; ++k)
+      outr[k] = round_to_nearest_even((gy[k] - dot) * f32_from_bits(yr[k]));
   }
 }
 
@@ -272,7 +274,9 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
         const int64_t i = n - 1;
         const bool keep = keep_all || static_cast<uint32_t>(mix(seed, i / 2) >> 40) >= threshold;
         const uint16_t gb = round_to_nearest_even(gp[i]);
-        d[i] = !keep ? uint16_t{0} : keep_all ? gb : round_to_nearest_even(f32_from_bits(gb) * scale);
+        d[i] = !keep     ? uint16_t{0}
+               : keep_all ? gb
+                          : round_to_nearest_even(f32_from_bits(gb) * scale);
       }
     });
     return {grads[0], db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
@@ -316,6 +320,18 @@ struct SoftmaxDropoutFunction : public torch::autograd::Function<SoftmaxDropoutF
   }
 };
 
+// One draw from the default CPU generator per dropout call: the seed of its mask.
+int64_t draw_seed() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return static_cast<int64_t>(gen.get<at::CPUGeneratorImpl>()->random64());
+}
+
+// The 24-bit drop threshold of probability p: an element is kept when its bits are >= it.
+int64_t drop_threshold(double p) {
+  return static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
+}
+
 }  // namespace
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
@@ -324,14 +340,7 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!x.is_floating_point())
     throw Error(fmt::format("dropout: needs a floating-point tensor, got {}", c10::toString(x.scalar_type())));
   if (!x.device().is_cpu()) return at::dropout(x, p, /*train=*/true);
-  uint64_t seed = 0;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    seed = gen.get<at::CPUGeneratorImpl>()->random64();
-  }
-  const auto threshold = static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
-  return DropoutFunction::apply(x, static_cast<int64_t>(seed), threshold, 1.0 / (1.0 - p));
+  return DropoutFunction::apply(x, draw_seed(), drop_threshold(p), 1.0 / (1.0 - p));
 }
 
 torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& branch, double p,
@@ -343,17 +352,10 @@ torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& br
                      residual.sizes() == branch.sizes() && residual.is_contiguous() &&
                      branch.is_contiguous();
   if (!fused) return residual + mllm::dropout(branch, p, training);
-  const bool keep_all = !training || p == 0.0;
-  uint64_t seed = 0;
-  if (!keep_all) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    seed = gen.get<at::CPUGeneratorImpl>()->random64();
-  }
-  const auto threshold =
-      keep_all ? int64_t{0} : static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
-  return DropoutAddFunction::apply(residual, branch, static_cast<int64_t>(seed), threshold,
-                                   keep_all ? 1.0 : 1.0 / (1.0 - p), keep_all);
+  if (!training || p == 0.0)  // every element kept, no draw (as dropout)
+    return DropoutAddFunction::apply(residual, branch, 0, 0, 1.0, /*keep_all=*/true);
+  return DropoutAddFunction::apply(residual, branch, draw_seed(), drop_threshold(p),
+                                   1.0 / (1.0 - p), /*keep_all=*/false);
 }
 
 torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training) {
@@ -362,15 +364,7 @@ torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool traini
                      scores.scalar_type() == torch::kBFloat16 && scores.dim() >= 1 &&
                      scores.size(-1) % 2 == 0 && scores.is_contiguous();
   if (!fused) return mllm::dropout(torch::softmax(scores, -1), p, training);
-  uint64_t seed = 0;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    seed = gen.get<at::CPUGeneratorImpl>()->random64();
-  }
-  const auto threshold = static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
-  return SoftmaxDropoutFunction::apply(scores, static_cast<int64_t>(seed), threshold,
-                                       1.0 / (1.0 - p));
+  return SoftmaxDropoutFunction::apply(scores, draw_seed(), drop_threshold(p), 1.0 / (1.0 - p));
 }
 
 DropoutImpl::DropoutImpl(double p) : p_(p) {
