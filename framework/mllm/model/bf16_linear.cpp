@@ -127,6 +127,21 @@ torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
   return y.is_view() ? at::_unsafe_view(y, y.sizes()) : y;
 }
 
+// The gradients of y = x16 @ w16^T (+ b) from g [rows, out] bf16, each only when asked for:
+// dx [x16's shape] in x_dtype (ATen's bf16 mm, cast), dw [out, in] float32
+// (weight_grad_float32), db [out] float32 (bias_grad_float32). Undefined when not asked for.
+struct LinearGrads {
+  torch::Tensor dx, dw, db;
+};
+LinearGrads linear_grads(const torch::Tensor& g, const torch::Tensor& x16, const torch::Tensor& w16,
+                         torch::ScalarType x_dtype, bool need_dx, bool need_dw, bool need_db) {
+  LinearGrads r;
+  if (need_dx) r.dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+  if (need_dw) r.dw = weight_grad_float32(g, x16.reshape({g.size(0), w16.size(1)}).contiguous());
+  if (need_db) r.db = bias_grad_float32(g);
+  return r;
+}
+
 class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
  public:
   // w16, b16: the bf16 copies of weight and bias, detached (their gradients go to weight and
@@ -155,23 +170,19 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x16 = saved[0];
     const torch::Tensor& w16 = saved[1];
-    const int64_t out = w16.size(0), in = w16.size(1);
     // Rows: the product of the leading dimensions (explicit, so that a zero-size dimension
     // cannot leave a -1 unresolved).
     const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
     torch::Tensor g = grad_out[0].to(torch::kBFloat16);
     // ReLU's gradient: zero where the output is 0 (PyTorch's relu backward, threshold 0).
     if (ctx->saved_data["relu"].toBool()) g = relu_grad_bf16(g, saved[2]);
-    g = g.reshape({rows, out}).contiguous();
-    torch::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
-    }
-    if (ctx->needs_input_grad(1)) dw = weight_grad_float32(g, x16.reshape({rows, in}).contiguous());
+    g = g.reshape({rows, w16.size(0)}).contiguous();
     // (needs_input_grad counts the tensor arguments given: the bias is the third when present.)
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = bias_grad_float32(g);
-    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    auto r = linear_grads(g, x16, w16,
+                          static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt()),
+                          ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                          ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2));
+    return {r.dx, r.dw, r.db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -207,7 +218,6 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
     const std::vector<int64_t> outs = ctx->saved_data["outs"].toIntVector();
     const auto n = outs.size();
     const bool bias = ctx->saved_data["bias"].toBool();
-    const int64_t in = w16.size(1);
     const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
     std::vector<torch::Tensor> parts;
     for (size_t i = 0; i < n; ++i)
@@ -215,23 +225,22 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
                           ? grad_out[i].to(torch::kBFloat16).reshape({rows, outs[i]})
                           : torch::zeros({rows, outs[i]}, x16.options()));
     const torch::Tensor g = at::cat(parts, 1);  // [rows, sum out_i] bf16
-    torch::autograd::variable_list grads(1 + n + (bias ? n : 0) + 2);
-    if (ctx->needs_input_grad(0)) {
-      const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      grads[0] = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
-    }
     bool weight_grads = false, bias_grads = false;
     for (size_t i = 0; i < n; ++i) {
       weight_grads = weight_grads || ctx->needs_input_grad(1 + i);
       bias_grads = bias_grads || (bias && ctx->needs_input_grad(1 + n + i));
     }
+    const auto r = linear_grads(g, x16, w16,
+                                static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt()),
+                                ctx->needs_input_grad(0), weight_grads, bias_grads);
+    torch::autograd::variable_list grads(1 + n + (bias ? n : 0) + 2);
+    grads[0] = r.dx;
     if (weight_grads) {
-      const auto dw =
-          weight_grad_float32(g, x16.reshape({rows, in}).contiguous()).split_with_sizes(outs, 0);
+      const auto dw = r.dw.split_with_sizes(outs, 0);
       for (size_t i = 0; i < n; ++i) grads[1 + i] = dw[i];
     }
     if (bias_grads) {
-      const auto db = bias_grad_float32(g).split_with_sizes(outs, 0);
+      const auto db = r.db.split_with_sizes(outs, 0);
       for (size_t i = 0; i < n; ++i) grads[1 + n + i] = db[i];
     }
     return grads;

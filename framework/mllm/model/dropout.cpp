@@ -29,6 +29,16 @@ inline uint64_t mix(uint64_t seed, uint64_t i) {
   return z ^ (z >> 31);
 }
 
+// The keep bits of elements 2j and 2j + 1: bits 40..63 and 16..39 of mix(seed, j) (one hash
+// serves a pair). An element is kept when its bits are >= the drop threshold.
+struct PairBits {
+  uint32_t even, odd;
+};
+inline PairBits pair_bits(uint64_t seed, int64_t j) {
+  const uint64_t h = mix(seed, static_cast<uint64_t>(j));
+  return {static_cast<uint32_t>(h >> 40), static_cast<uint32_t>(h >> 16) & 0xFFFFFFu};
+}
+
 // Pairs jb..je-1 of float32 data: dst[2j] = src[2j] * (keep ? scale : 0) with keep from bits
 // 40..63 of mix(seed, j), dst[2j+1] likewise from bits 16..39. Branch-free and compiled three
 // times (x86-64-v4 = AVX-512 with 64-bit multiplies, AVX2, baseline x86-64; chosen when the
@@ -40,8 +50,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 void mask_pairs_f32(const float* __restrict src, float* __restrict dst, int64_t jb, int64_t je,
                     uint64_t seed, uint32_t threshold, float scale) {
   for (int64_t j = jb; j < je; ++j) {
-    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const auto [b0, b1] = pair_bits(seed, j);
     dst[2 * j] = src[2 * j] * (b0 >= threshold ? scale : 0.0f);
     dst[2 * j + 1] = src[2 * j + 1] * (b1 >= threshold ? scale : 0.0f);
   }
@@ -56,8 +65,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 void mask_pairs_bf16(const uint16_t* __restrict src, uint16_t* __restrict dst, int64_t jb,
                      int64_t je, uint64_t seed, uint32_t threshold, float scale) {
   for (int64_t j = jb; j < je; ++j) {
-    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const auto [b0, b1] = pair_bits(seed, j);
     using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
     const uint16_t v0 = round_to_nearest_even(f32_from_bits(src[2 * j]) * scale);
     const uint16_t v1 = round_to_nearest_even(f32_from_bits(src[2 * j + 1]) * scale);
@@ -66,8 +74,6 @@ void mask_pairs_bf16(const uint16_t* __restrict src, uint16_t* __restrict dst, i
   }
 }
 
-// out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`. One 64-bit hash serves two
-// elements: keep(2j) = bits 40..63 of mix(seed, j) >= threshold, keep(2j+1) = bits 16..39.
 // The residual form for bf16 branches (dropout_add): pairs jb..je-1 of
 //   dst[i] = res[i] + float(keep ? bf16(float(src[i]) * scale) : 0)     (float32 res and dst)
 // with the keep bits of mask_pairs_bf16, so the values are those of res + dropout(src) summed
@@ -84,8 +90,7 @@ void add_mask_pairs_bf16(const float* __restrict res, const uint16_t* __restrict
     return;
   }
   for (int64_t j = jb; j < je; ++j) {
-    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const auto [b0, b1] = pair_bits(seed, j);
     const float v0 = f32_from_bits(round_to_nearest_even(f32_from_bits(src[2 * j]) * scale));
     const float v1 = f32_from_bits(round_to_nearest_even(f32_from_bits(src[2 * j + 1]) * scale));
     dst[2 * j] = res[2 * j] + (b0 >= threshold ? v0 : 0.0f);
@@ -108,8 +113,7 @@ void grad_mask_pairs_bf16(const float* __restrict g, uint16_t* __restrict dst, i
     return;
   }
   for (int64_t j = jb; j < je; ++j) {
-    const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-    const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+    const auto [b0, b1] = pair_bits(seed, j);
     const float g0 = f32_from_bits(round_to_nearest_even(g[2 * j]));
     const float g1 = f32_from_bits(round_to_nearest_even(g[2 * j + 1]));
     const uint16_t v0 = round_to_nearest_even(g0 * scale), v1 = round_to_nearest_even(g1 * scale);
@@ -142,8 +146,7 @@ void softmax_dropout_grad_rows(const uint16_t* __restrict g, const uint16_t* __r
     uint16_t* outr = out + r * keys;
     const int64_t j0 = r * keys / 2;
     for (int64_t j = 0; j < keys / 2; ++j) {
-      const uint64_t h = mix(seed, static_cast<uint64_t>(j0 + j));
-      const uint32_t b0 = static_cast<uint32_t>(h >> 40), b1 = static_cast<uint32_t>(h >> 16) & 0xFFFFFFu;
+      const auto [b0, b1] = pair_bits(seed, j0 + j);
       const float v0 = f32_from_bits(round_to_nearest_even(f32_from_bits(gr[2 * j]) * scale));
       const float v1 = f32_from_bits(round_to_nearest_even(f32_from_bits(gr[2 * j + 1]) * scale));
       gy[2 * j] = b0 >= threshold ? v0 : 0.0f;
@@ -161,6 +164,8 @@ void softmax_dropout_grad_rows(const uint16_t* __restrict g, const uint16_t* __r
   }
 }
 
+// out[i] = keep(i) ? in[i] * scale : 0 over the contiguous `in`. One 64-bit hash serves two
+// elements: keep(2j) = bits 40..63 of mix(seed, j) >= threshold, keep(2j+1) = bits 16..39.
 torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t threshold, float scale) {
   torch::Tensor in = in_any.contiguous();
   torch::Tensor out = torch::empty_like(in, at::MemoryFormat::Contiguous);
@@ -189,30 +194,46 @@ torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t th
         begin = std::max(begin, full);
       }
       for (int64_t j = begin; j < end; ++j) {
-        const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-        keep_scaled(2 * j, static_cast<uint32_t>(h >> 40));
-        if (2 * j + 1 < n) keep_scaled(2 * j + 1, static_cast<uint32_t>(h >> 16) & 0xFFFFFFu);
+        const auto [even, odd] = pair_bits(seed, j);
+        keep_scaled(2 * j, even);
+        if (2 * j + 1 < n) keep_scaled(2 * j + 1, odd);
       }
     });
   });
   return out;
 }
 
+// A dropout mask as the autograd Functions keep it for their backward: the seed, the drop
+// threshold (24 bits) and the scale 1 / (1 - p).
+struct MaskParams {
+  uint64_t seed;
+  uint32_t threshold;
+  float scale;
+};
+void save_mask(torch::autograd::AutogradContext* ctx, int64_t seed, int64_t threshold,
+               double scale) {
+  ctx->saved_data["seed"] = seed;
+  ctx->saved_data["threshold"] = threshold;
+  ctx->saved_data["scale"] = scale;
+}
+MaskParams saved_mask(torch::autograd::AutogradContext* ctx) {
+  return {static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
+          static_cast<uint32_t>(ctx->saved_data["threshold"].toInt()),
+          static_cast<float>(ctx->saved_data["scale"].toDouble())};
+}
+
 struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                int64_t seed, int64_t threshold, double scale) {
-    ctx->saved_data["seed"] = seed;
-    ctx->saved_data["threshold"] = threshold;
-    ctx->saved_data["scale"] = scale;
+    save_mask(ctx, seed, threshold, scale);
     return apply_mask(x, static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold),
                       static_cast<float>(scale));
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     // d/dx (x * keep * scale) = keep * scale: the same mask, regenerated from the seed.
-    torch::Tensor g = apply_mask(grads[0], static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
-                                 static_cast<uint32_t>(ctx->saved_data["threshold"].toInt()),
-                                 static_cast<float>(ctx->saved_data["scale"].toDouble()));
+    const MaskParams m = saved_mask(ctx);
+    torch::Tensor g = apply_mask(grads[0], m.seed, m.threshold, m.scale);
     return {g, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -220,15 +241,14 @@ struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
 // residual + dropout(branch) for a float32 residual and a bf16 branch of one shape, both CPU and
 // contiguous: one pass forward (no bf16 dropout output, no mixed-dtype add) and one backward
 // (the residual's gradient passes through; the branch's is rounded and masked in one pass).
-// keep_all: p == 0 or evaluation (no seed drawn, as dropout draws none then).
+// Threshold 0 and scale 1 (p == 0 or evaluation, no seed drawn, as dropout draws none then)
+// keep every element and skip the hash.
 struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& res,
                                const torch::Tensor& branch, int64_t seed, int64_t threshold,
-                               double scale, bool keep_all) {
-    ctx->saved_data["seed"] = seed;
-    ctx->saved_data["threshold"] = threshold;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["keep_all"] = keep_all;
+                               double scale) {
+    save_mask(ctx, seed, threshold, scale);
+    const bool keep_all = threshold == 0 && scale == 1.0;
     torch::Tensor out = torch::empty_like(res, at::MemoryFormat::Contiguous);
     const float* r = res.const_data_ptr<float>();
     const auto* b = reinterpret_cast<const uint16_t*>(branch.const_data_ptr());
@@ -239,12 +259,11 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
       if (begin < full)
         add_mask_pairs_bf16(r, b, o, begin, full, static_cast<uint64_t>(seed),
                             static_cast<uint32_t>(threshold), static_cast<float>(scale), keep_all);
-      if (end > full && n % 2 == 1) {  // the last, unpaired element (kept bits: 40..63)
+      if (end > full && n % 2 == 1) {  // the last, unpaired element (the even bits)
         using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
         const int64_t i = n - 1;
-        const bool keep =
-            keep_all || static_cast<uint32_t>(mix(static_cast<uint64_t>(seed), i / 2) >> 40) >=
-                            static_cast<uint32_t>(threshold);
+        const bool keep = keep_all || pair_bits(static_cast<uint64_t>(seed), i / 2).even >=
+                                          static_cast<uint32_t>(threshold);
         const float v = keep_all ? f32_from_bits(b[i])
                                  : f32_from_bits(round_to_nearest_even(f32_from_bits(b[i]) *
                                                                        static_cast<float>(scale)));
@@ -255,13 +274,11 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    if (!ctx->needs_input_grad(1)) return {grads[0], torch::Tensor(), torch::Tensor(),
-                                           torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (!ctx->needs_input_grad(1))
+      return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     const torch::Tensor g = grads[0].to(torch::kFloat).contiguous();
-    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    const auto threshold = static_cast<uint32_t>(ctx->saved_data["threshold"].toInt());
-    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
-    const bool keep_all = ctx->saved_data["keep_all"].toBool();
+    const auto [seed, threshold, scale] = saved_mask(ctx);
+    const bool keep_all = threshold == 0 && scale == 1.0f;
     torch::Tensor db = torch::empty(g.sizes(), g.options().dtype(torch::kBFloat16));
     const float* gp = g.const_data_ptr<float>();
     auto* d = reinterpret_cast<uint16_t*>(db.data_ptr());
@@ -272,14 +289,14 @@ struct DropoutAddFunction : public torch::autograd::Function<DropoutAddFunction>
       if (end > full && n % 2 == 1) {
         using c10::detail::f32_from_bits, c10::detail::round_to_nearest_even;
         const int64_t i = n - 1;
-        const bool keep = keep_all || static_cast<uint32_t>(mix(seed, i / 2) >> 40) >= threshold;
+        const bool keep = keep_all || pair_bits(seed, i / 2).even >= threshold;
         const uint16_t gb = round_to_nearest_even(gp[i]);
         d[i] = !keep     ? uint16_t{0}
                : keep_all ? gb
                           : round_to_nearest_even(f32_from_bits(gb) * scale);
       }
     });
-    return {grads[0], db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grads[0], db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -292,9 +309,7 @@ struct SoftmaxDropoutFunction : public torch::autograd::Function<SoftmaxDropoutF
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     const torch::Tensor y = at::_softmax(scores, -1, /*half_to_float=*/false);
     ctx->save_for_backward({y});
-    ctx->saved_data["seed"] = seed;
-    ctx->saved_data["threshold"] = threshold;
-    ctx->saved_data["scale"] = scale;
+    save_mask(ctx, seed, threshold, scale);
     return apply_mask(y, static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold),
                       static_cast<float>(scale));
   }
@@ -304,9 +319,7 @@ struct SoftmaxDropoutFunction : public torch::autograd::Function<SoftmaxDropoutF
     const torch::Tensor g = grads[0].to(torch::kBFloat16).contiguous();
     torch::Tensor out = torch::empty_like(y, at::MemoryFormat::Contiguous);
     const int64_t keys = y.size(-1), rows = keys == 0 ? 0 : y.numel() / keys;
-    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    const auto threshold = static_cast<uint32_t>(ctx->saved_data["threshold"].toInt());
-    const auto scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const auto [seed, threshold, scale] = saved_mask(ctx);
     const auto* gp = reinterpret_cast<const uint16_t*>(g.const_data_ptr());
     const auto* yp = reinterpret_cast<const uint16_t*>(y.const_data_ptr());
     auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
@@ -353,9 +366,9 @@ torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& br
                      branch.is_contiguous();
   if (!fused) return residual + mllm::dropout(branch, p, training);
   if (!training || p == 0.0)  // every element kept, no draw (as dropout)
-    return DropoutAddFunction::apply(residual, branch, 0, 0, 1.0, /*keep_all=*/true);
+    return DropoutAddFunction::apply(residual, branch, 0, 0, 1.0);
   return DropoutAddFunction::apply(residual, branch, draw_seed(), drop_threshold(p),
-                                   1.0 / (1.0 - p), /*keep_all=*/false);
+                                   1.0 / (1.0 - p));
 }
 
 torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training) {
