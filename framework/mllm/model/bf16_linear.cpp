@@ -22,15 +22,6 @@
 namespace mllm {
 namespace {
 
-// oneMKL's cblas_gemm_bf16bf16f32 (oneMKL Developer Reference, "cblas_gemm_bf16bf16f32"):
-// C = alpha * op(A) * op(B) + beta * C with bf16 A and B and float32 C. The CBLAS enums are C
-// enums; MKL_INT is int in the LP64 interface LibTorch's wheels link (the unit test checks a
-// product against float64, which a wrong integer width would not pass).
-using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int n, int k,
-                                 float alpha, const void* a, int lda, const void* b, int ldb,
-                                 float beta, float* c, int ldc);
-constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
-
 // MLLM_BF16_WEIGHT_GRAD: unset = on CPUs with AMX-BF16 (where it was measured faster),
 // "mkl" = also on CPUs with avx512_bf16 only (not measured yet), "aten" = never. Anything else
 // is an error (bf16_weight_grad_uses_mkl throws ConfigError).
@@ -251,6 +242,8 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
 
 bool bf16_weight_grad_uses_mkl() { return mkl_gemm() != nullptr; }
 
+GemmBf16Bf16F32 mkl_gemm_bf16bf16f32() { return mkl_gemm(); }
+
 std::string bf16_weight_grad_path() {
   const MklChoice& c = mkl_choice();
   return (c.gemm != nullptr ? "float32 from " : "ATen's bf16 product cast to float32: ") + c.why;
@@ -272,9 +265,9 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
   RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, xc}));
   // dW [out, in] = op(A) op(B) with A = g stored [rows, out] (transposed: lda = out) and
   // B = x stored [rows, in] (lda = in).
-  gemm(kCblasRowMajor, kCblasTrans, kCblasNoTrans, static_cast<int>(out), static_cast<int>(in),
-       static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out), xc.data_ptr(),
-       static_cast<int>(in), 0.0f, dw.data_ptr<float>(), static_cast<int>(in));
+  gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, static_cast<int>(out),
+       static_cast<int>(in), static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out),
+       xc.data_ptr(), static_cast<int>(in), 0.0f, dw.data_ptr<float>(), static_cast<int>(in));
   return dw;
 }
 
@@ -309,7 +302,7 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g) {
   const torch::Tensor ones = torch::ones({rows}, g.options());
   RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, ones}));
   // db [out, 1] = g^T [out, rows] @ ones [rows, 1]: A = g stored [rows, out] (transposed).
-  gemm(kCblasRowMajor, kCblasTrans, kCblasNoTrans, static_cast<int>(out), 1,
+  gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, static_cast<int>(out), 1,
        static_cast<int>(rows), 1.0f, gc.data_ptr(), static_cast<int>(out), ones.data_ptr(), 1,
        0.0f, db.data_ptr<float>(), 1);
   return db;

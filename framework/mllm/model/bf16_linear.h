@@ -33,6 +33,22 @@ namespace mllm {
 // MLLM_BF16_WEIGHT_GRAD.
 bool bf16_weight_grad_uses_mkl();
 
+// oneMKL's cblas_gemm_bf16bf16f32 (oneMKL Developer Reference, "cblas_gemm_bf16bf16f32"):
+//   C = alpha * op(A) * op(B) + beta * C,  A [m, k] and B [k, n] bf16 (after op), C [m, n] float32,
+// called as gemm(cblas::kRowMajor, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+// with leading dimensions in elements. The CBLAS enums are C enums; MKL_INT is int in the LP64
+// interface LibTorch's wheels link (a unit test checks a product against float64, which a wrong
+// integer width would not pass).
+using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int n, int k,
+                                 float alpha, const void* a, int lda, const void* b, int ldb,
+                                 float beta, float* c, int ldc);
+namespace cblas {
+inline constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+}  // namespace cblas
+// That function where bf16_weight_grad_uses_mkl(), else nullptr (the same decision). Throws as
+// bf16_weight_grad_uses_mkl.
+GemmBf16Bf16F32 mkl_gemm_bf16bf16f32();
+
 // The decision above in words, for the start-up log ("float32 from oneMKL's ..." or "ATen's
 // bf16 product cast to float32: <why>"). Throws as bf16_weight_grad_uses_mkl.
 std::string bf16_weight_grad_path();

@@ -16,28 +16,12 @@
 #include <fmt/format.h>
 
 #include "mllm/core/error.h"
+#include "mllm/model/dropout_bits.h"
 
 namespace mllm {
 namespace {
 
-// SplitMix64's output function applied to seed + (i + 1) * golden gamma: a different 64-bit
-// value for every element, independent of how the range is split across threads.
-inline uint64_t mix(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// The keep bits of elements 2j and 2j + 1: bits 40..63 and 16..39 of mix(seed, j) (one hash
-// serves a pair). An element is kept when its bits are >= the drop threshold.
-struct PairBits {
-  uint32_t even, odd;
-};
-inline PairBits pair_bits(uint64_t seed, int64_t j) {
-  const uint64_t h = mix(seed, static_cast<uint64_t>(j));
-  return {static_cast<uint32_t>(h >> 40), static_cast<uint32_t>(h >> 16) & 0xFFFFFFu};
-}
+using dropout_bits::pair_bits;
 
 // Pairs jb..je-1 of float32 data: dst[2j] = src[2j] * (keep ? scale : 0) with keep from bits
 // 40..63 of mix(seed, j), dst[2j+1] likewise from bits 16..39. Branch-free and compiled three
@@ -346,6 +330,12 @@ int64_t drop_threshold(double p) {
 }
 
 }  // namespace
+
+DropoutDraw draw_dropout(double p) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
+  return {static_cast<uint64_t>(draw_seed()), static_cast<uint32_t>(drop_threshold(p)),
+          static_cast<float>(1.0 / (1.0 - p))};
+}
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));

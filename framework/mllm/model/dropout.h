@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+
 namespace mllm {
 
 // Inverted dropout: in training, y = x * keep / (1 - p) with keep ~ Bernoulli(1 - p) per
@@ -39,6 +41,19 @@ torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& br
 // with the unfused backward to float32 rounding of the row sum (its summation order differs).
 // scores [..., keys] -> [..., keys], scores' dtype. Throws mllm::Error as dropout.
 torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training);
+
+// One dropout call's mask parameters, for a fused kernel that applies mllm::dropout's mask itself
+// (cpu_attention.h): `seed` is one draw from the default CPU generator (as each dropout call in
+// training takes), `threshold` the 24-bit drop threshold round(p * 2^24), `scale` 1 / (1 - p).
+// Element i of the kernel's contiguous output is kept when its field of
+// dropout_bits::pair_bits(seed, i / 2) (.even for even i, .odd for odd i) is >= threshold —
+// the mask mllm::dropout would draw for that output. Throws mllm::Error for p outside [0, 1).
+struct DropoutDraw {
+  uint64_t seed;
+  uint32_t threshold;
+  float scale;
+};
+DropoutDraw draw_dropout(double p);
 
 // The module form, a drop-in for torch::nn::Dropout(p) (no parameters or buffers, so state
 // dicts and checkpoints are unchanged).
