@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mllm/core/error.h"
+#include "mllm/model/cpu_attention.h"
 #include "mllm/model/model.h"
 
 namespace mllm {
@@ -94,11 +95,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const auto qkv = linears({q_proj, k_proj, v_proj}, x);
   auto q = qkv[0].view({b, t, h, hd});
   auto k = qkv[1].view({b, t, kvh, hd});
-  auto v = qkv[2].view({b, t, kvh, hd}).transpose(1, 2);
+  auto v = qkv[2].view({b, t, kvh, hd});
   if (rope != nullptr) {
     q = rope->apply(q, offset);
     k = rope->apply(k, offset);
   }
+  // bf16 q/k/v on a CPU with oneMKL's bf16 GEMM in use, without a KV cache: the fused kernel
+  // (cpu_attention.h: the same attention, more exact, about 2x faster per layer).
+  if (cache_k == nullptr && !uses_sdpa(options_.impl, x.device()) && blocked.defined() &&
+      cpu_attention_bf16_available() && cpu_attention_bf16_applies(q, k, v, blocked)) {
+    const auto out = cpu_attention_bf16(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd)),
+                                        options_.attn_dropout, is_training());
+    return linear(o_proj, out);
+  }
+  v = v.transpose(1, 2);
   q = q.transpose(1, 2);  // [b, h, t, hd]
   k = k.transpose(1, 2);  // [b, kvh, t, hd]
   if (cache_k != nullptr) {

@@ -58,7 +58,10 @@ bool uses_sdpa(const std::string& impl, const torch::Device& device);
 // values, o_proj — the reference path. float32 scores when autocast is off; under bf16 autocast
 // the scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask
 // added as a bias of 0 / -1e9, which gives masked_fill's values; the softmax kernels accumulate
-// in float32 and round once).
+// in float32 and round once). Under bf16 autocast on a CPU where oneMKL's bf16 GEMM is in use
+// (cpu_attention_bf16_available()), calls without a KV cache run cpu_attention_bf16 instead
+// (cpu_attention.h): the same attention in one pass per head, with float32 scores and
+// gradients of the probabilities, and the same dropout mask.
 // sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
 // causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
 // rows behave as in eager). Agrees with eager to float rounding; its dropout draws other

@@ -1,0 +1,99 @@
+// One layer's CPU bf16 attention, forward + backward: mllm::cpu_attention_bf16 (the fused
+// kernel eager attention uses under bf16 autocast) against the unfused bf16 path it replaced
+// (attention.cpp before it: the head-major copies, baddbmm with the mask as its bias,
+// mllm::softmax_dropout, a bf16 matmul, the copy back to [batch, seq, d_model]), on the same
+// inputs, interleaved. Prints the median milliseconds of each and their ratio.
+// Run: mllm_bench_attention [batch=8] [seq=256] [heads=8] [head_dim=64] [kv_heads=heads]
+//      [p=0.1] [iters=20]  (threads: OMP_NUM_THREADS)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "mllm/model/cpu_attention.h"
+#include "mllm/model/dropout.h"
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t arg(int argc, char** argv, int i, int64_t fallback) {
+  return argc > i ? std::atoll(argv[i]) : fallback;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t b = arg(argc, argv, 1, 8), t = arg(argc, argv, 2, 256), h = arg(argc, argv, 3, 8),
+                hd = arg(argc, argv, 4, 64), kvh = arg(argc, argv, 5, h);
+  const double p = argc > 6 ? std::atof(argv[6]) : 0.1;
+  const int64_t iters = arg(argc, argv, 7, 20);
+  if (!mllm::cpu_attention_bf16_available()) {
+    std::printf("cpu_attention_bf16 does not run here (no oneMKL bf16 GEMM in use)\n");
+    return 0;
+  }
+  torch::manual_seed(0);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  // The split outputs of one Q/K/V product, as mllm::linears gives them.
+  const torch::Tensor qkv = torch::randn({b, t, (h + 2 * kvh) * hd}).to(torch::kBFloat16);
+  const torch::Tensor blocked = torch::ones({t, t}, torch::kBool).triu(1).view({1, 1, t, t});
+  const torch::Tensor grad = torch::randn({b, t, h * hd}).to(torch::kBFloat16);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+
+  auto fused = [&] {
+    torch::Tensor leaf = qkv.detach().requires_grad_(true);
+    const auto parts = leaf.split_with_sizes({h * hd, kvh * hd, kvh * hd}, -1);
+    torch::Tensor out = mllm::cpu_attention_bf16(parts[0].view({b, t, h, hd}),
+                                                 parts[1].view({b, t, kvh, hd}),
+                                                 parts[2].view({b, t, kvh, hd}), blocked, scale,
+                                                 p, /*training=*/true);
+    out.backward(grad);
+  };
+  auto unfused = [&] {
+    torch::Tensor leaf = qkv.detach().requires_grad_(true);
+    const auto parts = leaf.split_with_sizes({h * hd, kvh * hd, kvh * hd}, -1);
+    torch::Tensor q = parts[0].view({b, t, h, hd}).transpose(1, 2);
+    torch::Tensor k = parts[1].view({b, t, kvh, hd}).transpose(1, 2);
+    torch::Tensor v = parts[2].view({b, t, kvh, hd}).transpose(1, 2);
+    if (kvh != h) {
+      k = k.repeat_interleave(h / kvh, 1);
+      v = v.repeat_interleave(h / kvh, 1);
+    }
+    const torch::Tensor bias =
+        torch::zeros({1, t, t}, bf16).masked_fill_(blocked.view({1, t, t}), -1e9);
+    torch::Tensor scores = at::baddbmm(bias, q.reshape({b * h, t, hd}),
+                                       k.reshape({b * h, t, hd}).transpose(1, 2), 1, scale)
+                               .view({b, h, t, t});
+    torch::Tensor attn = mllm::softmax_dropout(scores, p, /*training=*/true);
+    torch::Tensor out = torch::matmul(attn, v).transpose(1, 2).reshape({b, t, h * hd});
+    out.backward(grad);
+  };
+  for (int i = 0; i < 3; ++i) {
+    fused();
+    unfused();
+  }
+  std::vector<double> tf, tu;
+  for (int64_t i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    fused();
+    auto t1 = Clock::now();
+    unfused();
+    auto t2 = Clock::now();
+    tf.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    tu.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  const double f = median(tf), u = median(tu);
+  std::printf("attention fwd+bwd, batch %lld seq %lld heads %lld/%lld head_dim %lld p %.2f, %d "
+              "thread(s): fused %.2f ms, unfused %.2f ms (%.2fx)\n",
+              static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(h),
+              static_cast<long long>(kvh), static_cast<long long>(hd), p,
+              at::get_num_threads(), f, u, u / f);
+  return 0;
+}

@@ -1,0 +1,500 @@
+// Fused CPU bf16 attention (cpu_attention.h).
+#include "mllm/model/cpu_attention.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+
+#include "mllm/core/error.h"
+#include "mllm/model/bf16_linear.h"
+#include "mllm/model/dropout.h"
+#include "mllm/model/dropout_bits.h"
+
+namespace mllm {
+namespace {
+
+using c10::detail::f32_from_bits;
+using c10::detail::round_to_nearest_even;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// (The helpers taking and returning these are inlined into each version: no vector crosses a
+// call, so GCC's note that such calls' ABI depends on the target does not apply.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// 16 lanes of GCC's vector extension types: one AVX-512 register, two AVX2 ones, four SSE ones
+// (the compiler lowers the operations to each target_clones version). The row loops below use
+// them where GCC's vectorizer leaves the plain loops scalar (selects on masks, the maximum).
+constexpr int64_t kLanes = 16;
+typedef float Floats __attribute__((vector_size(kLanes * 4)));
+typedef int32_t Ints __attribute__((vector_size(kLanes * 4)));
+typedef uint32_t Uints __attribute__((vector_size(kLanes * 4)));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * 2)));
+
+template <typename V, typename T>
+[[gnu::always_inline]] inline V load(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename V, typename T>
+[[gnu::always_inline]] inline void store(T* p, const V& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+[[gnu::always_inline]] inline Floats splat(float x) { return Floats{} + x; }
+
+// exp(x) for x <= 0 in float32 on 16 lanes: Cephes' expf (S. L. Moshier, Cephes Math Library,
+// expf.c): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so that n * 0.693359375 is
+// exact), e^r = 1 + r + r^2 p(r) with Cephes' degree-5 p, times 2^n built in the exponent bits.
+// Relative error ~1e-7 (1-2 units in the last place) for x >= -87; below, e^-87 (~1.6e-38)
+// instead of a smaller number: the callers add it to a sum >= 1 (the row's maximum gives e^0)
+// and give masked places 0 themselves.
+[[gnu::always_inline]] inline Floats exp_nonpositive(Floats x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  const Floats n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  Floats r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  Floats p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  return p * reinterpret_cast<Floats>((__builtin_convertvector(n, Ints) + 127) << 23);
+}
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
+  return exp_nonpositive(splat(x))[0];
+}
+
+// c10's round_to_nearest_even (float32 -> bf16 bits, NaN -> 0x7FC0) on 16 lanes.
+[[gnu::always_inline]] inline Halves to_bf16(Floats f) {
+  const Uints u = reinterpret_cast<Uints>(f);
+  const Uints rounded = (u + (0x7FFFu + ((u >> 16) & 1u))) >> 16;
+  return __builtin_convertvector(f != f ? Uints{} + 0x7FC0u : rounded, Halves);
+}
+[[gnu::always_inline]] inline Floats from_bf16(Halves h) {
+  return reinterpret_cast<Floats>(__builtin_convertvector(h, Uints) << 16);
+}
+
+// The leading keys a row can attend to: limit[r] = 1 + the last unmasked key of mask row r, 0
+// when every key is masked. Every key at or past it is masked: the row passes skip them.
+void row_limits(const uint8_t* m, int64_t rows, int64_t keys, int32_t* limit) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t k = keys;
+    while (k > 0 && m[r * keys + k - 1] != 0) --k;
+    limit[r] = static_cast<int32_t>(k);
+  }
+}
+
+// Where a row's passes end: its limit rounded up to whole vectors (at most keys).
+inline int64_t row_end(int32_t limit, int64_t keys) {
+  return std::min(keys, (limit + kLanes - 1) / kLanes * kLanes);
+}
+
+// Each head runs in blocks of kRowBlock query rows (their scores stay in cache between the
+// products and the row passes), each block's products over the keys its rows can attend to:
+// ends[i] = the largest row_end of block i's rows (keys when one of them has every key masked).
+// Causal attention over n blocks computes (n + 1) / 2n of the full products: 3/4 at 256 keys.
+constexpr int64_t kRowBlock = 128;
+void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends) {
+  for (int64_t r0 = 0, i = 0; r0 < rows; r0 += kRowBlock, ++i) {
+    int64_t end = 0;
+    for (int64_t r = r0; r < std::min(rows, r0 + kRowBlock); ++r)
+      end = std::max(end, limit[r] == 0 ? keys : row_end(limit[r], keys));
+    ends[i] = static_cast<int32_t>(end);
+  }
+}
+
+// One head's rows of the forward pass. s [rows, keys] float32 scores (overwritten; only the
+// first row_end(limit[r]) keys of row r are read), bias [rows, keys] the mask as 0 / -inf,
+// limit [rows] its row_limits -> y [rows, keys] bf16 = the softmax over the unmasked keys,
+// rounded once (a row with every key masked: 1 / keys each, as masked_fill(-1e9) gives in
+// float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0 with mllm::dropout's mask
+// for element pair0 * 2 + r * keys + k of the [batch, heads, seq, keys] probabilities. Compiled
+// three times (x86-64-v4, AVX2, baseline), without multiply-add contraction: the same bits on
+// every path. keys even.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#endif
+void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
+                          const int32_t* __restrict limit, uint16_t* __restrict y,
+                          uint16_t* __restrict yd, int64_t rows, int64_t keys, int64_t pair0,
+                          uint64_t seed, uint32_t threshold, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * keys;
+    const float* br = bias + r * keys;
+    uint16_t* yr = y + r * keys;
+    const int64_t end = limit[r] == 0 ? keys : row_end(limit[r], keys);
+    const int64_t vend = end / kLanes * kLanes;
+    if (limit[r] == 0) {
+      const uint16_t uniform = round_to_nearest_even(1.0f / static_cast<float>(keys));
+      for (int64_t k = 0; k < keys; ++k) yr[k] = uniform;
+    } else {
+      Floats lanes = splat(kNegInf);
+      for (int64_t k = 0; k < vend; k += kLanes) {
+        const Floats v = load<Floats>(sr + k) + load<Floats>(br + k);
+        store(sr + k, v);
+        lanes = v > lanes ? v : lanes;
+      }
+      for (int64_t k = vend; k < end; ++k) sr[k] += br[k];
+      float mx = kNegInf;
+      for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+      for (int64_t k = vend; k < end; ++k) mx = sr[k] > mx ? sr[k] : mx;
+      Floats sums = {};
+      for (int64_t k = 0; k < vend; k += kLanes) {
+        const Floats v = load<Floats>(sr + k);
+        const Floats e = v == kNegInf ? Floats{} : exp_nonpositive(v - mx);
+        store(sr + k, e);
+        sums += e;
+      }
+      float sum = 0.0f;
+      for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
+      for (int64_t k = vend; k < end; ++k) {
+        sr[k] = sr[k] == kNegInf ? 0.0f : exp_nonpositive(sr[k] - mx);
+        sum += sr[k];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t k = 0; k < vend; k += kLanes)
+        store(yr + k, to_bf16(load<Floats>(sr + k) * inv));
+      for (int64_t k = vend; k < end; ++k) yr[k] = round_to_nearest_even(sr[k] * inv);
+      std::memset(yr + end, 0, (keys - end) * sizeof(uint16_t));
+    }
+    if (yd == nullptr) continue;
+    uint16_t* ydr = yd + r * keys;
+    const int64_t j0 = pair0 + r * keys / 2;
+    for (int64_t j = 0; j < end / 2; ++j) {  // (past `end`, y is 0: so is yd, kept or not)
+      const auto [b0, b1] = dropout_bits::pair_bits(seed, j0 + j);
+      const uint16_t v0 = round_to_nearest_even(f32_from_bits(yr[2 * j]) * scale);
+      const uint16_t v1 = round_to_nearest_even(f32_from_bits(yr[2 * j + 1]) * scale);
+      ydr[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
+      ydr[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
+    }
+    std::memset(ydr + end, 0, (keys - end) * sizeof(uint16_t));
+  }
+}
+
+// One head's rows of the backward pass. g [rows, keys] float32 = d loss / d (dropped)
+// probabilities (overwritten; only the first row_end(limit[r]) keys of row r are read), y and yd
+// as softmax_dropout_rows wrote them (yd null without dropout), limit the mask's row_limits ->
+// ds [rows, keys] bf16 = d loss / d scores, rounded once:
+//   gy = yd != 0 ? g * scale : 0 with dropout (yd is nonzero exactly where the element was kept,
+//        except where y is 0, whose terms below are 0 either way), g without;
+//   ds = (gy - sum_k gy_k y_k) * y   (PyTorch's softmax backward in float32, the row sum in 16
+//        lanes in a fixed order),
+// which is 0 at masked places (y is 0 there), and 0 for a row with every key masked, as
+// masked_fill's backward gives. Compiled as softmax_dropout_rows.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#endif
+void softmax_dropout_grad_rows(float* __restrict g, const uint16_t* __restrict y,
+                               const uint16_t* __restrict yd, const int32_t* __restrict limit,
+                               uint16_t* __restrict ds, int64_t rows, int64_t keys, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* gr = g + r * keys;
+    const uint16_t* yr = y + r * keys;
+    uint16_t* dsr = ds + r * keys;
+    const int64_t end = row_end(limit[r], keys), vend = end / kLanes * kLanes;
+    if (yd != nullptr) {
+      const uint16_t* ydr = yd + r * keys;
+      for (int64_t k = 0; k < vend; k += kLanes)
+        store(gr + k, __builtin_convertvector(load<Halves>(ydr + k), Ints) != 0
+                          ? load<Floats>(gr + k) * scale
+                          : Floats{});
+      for (int64_t k = vend; k < end; ++k) gr[k] = ydr[k] != 0 ? gr[k] * scale : 0.0f;
+    }
+    Floats sums = {};
+    for (int64_t k = 0; k < vend; k += kLanes)
+      sums += load<Floats>(gr + k) * from_bf16(load<Halves>(yr + k));
+    float dot = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) dot += sums[l];
+    for (int64_t k = vend; k < end; ++k) dot += gr[k] * f32_from_bits(yr[k]);
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(dsr + k, to_bf16((load<Floats>(gr + k) - dot) * from_bf16(load<Halves>(yr + k))));
+    for (int64_t k = vend; k < end; ++k)
+      dsr[k] = round_to_nearest_even((gr[k] - dot) * f32_from_bits(yr[k]));
+    std::memset(dsr + end, 0, (keys - end) * sizeof(uint16_t));
+  }
+}
+
+// dst[r * ld + c] = bf16(src[r * cols + c]) for rows x cols float32 (round to nearest even).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void round_rows(const float* __restrict src, int64_t rows, int64_t cols, uint16_t* __restrict dst,
+                int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = round_to_nearest_even(src[r * cols + c]);
+}
+
+// A [batch, len, heads, head_dim] bf16 tensor as the products read it: head h of batch b is the
+// [len, head_dim] matrix at at(b, h) with leading dimension ld.
+struct Heads {
+  const uint16_t* data;
+  int64_t batch_stride, ld, head_dim;
+  const uint16_t* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_dim; }
+};
+// The tensor itself when its head dimension is dense and its heads side by side in each row (the
+// split outputs of mllm::linears), else a contiguous copy; `keep` holds what was read.
+Heads heads_of(const torch::Tensor& x, torch::Tensor& keep) {
+  const bool readable = x.stride(3) == 1 && x.stride(2) == x.size(3) &&
+                        x.stride(1) >= x.size(2) * x.size(3) && x.stride(0) >= 0;
+  keep = readable ? x : x.contiguous();
+  return {reinterpret_cast<const uint16_t*>(keep.const_data_ptr()), keep.stride(0),
+          keep.stride(1), keep.size(3)};
+}
+
+// A size or stride as oneMKL's LP64 int; throws mllm::Error past 2^31 - 1.
+int to_int(int64_t v) {
+  MLLM_CHECK(v <= std::numeric_limits<int>::max(),
+             "cpu_attention_bf16: a size or stride of 2^31 or more");
+  return static_cast<int>(v);
+}
+
+// The mask as the passes read it: bias [batch or 1, seq, keys] float32 (0 where allowed, -inf
+// where masked: added to the scores), limit [batch or 1, seq] int32 (row_limits) and ends
+// [batch or 1, row blocks] int32 (block_ends).
+struct MaskRows {
+  torch::Tensor bias, limit, ends;
+};
+MaskRows mask_rows(const torch::Tensor& mask) {
+  const int64_t n = mask.size(0), rows = mask.size(2), keys = mask.size(3);
+  MaskRows m;
+  m.limit = torch::empty({n, rows}, mask.options().dtype(torch::kInt));
+  const auto* bits = reinterpret_cast<const uint8_t*>(mask.const_data_ptr());
+  for (int64_t i = 0; i < n; ++i)
+    row_limits(bits + i * rows * keys, rows, keys, m.limit.data_ptr<int32_t>() + i * rows);
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  m.ends = torch::empty({n, blocks}, m.limit.options());
+  for (int64_t i = 0; i < n; ++i)
+    block_ends(m.limit.data_ptr<int32_t>() + i * rows, rows, keys,
+               m.ends.data_ptr<int32_t>() + i * blocks);
+  m.bias = torch::zeros({n, rows, keys}, mask.options().dtype(torch::kFloat))
+               .masked_fill_(mask.view({n, rows, keys}), kNegInf);
+  return m;
+}
+
+// Everything the passes need besides the tensors' data.
+struct Problem {
+  int64_t batch, seq, heads, keys, kv_heads, head_dim;
+  float alpha;                 // the score scale
+  const float* bias;           // MaskRows::bias (null in the backward pass, which reads none)
+  const int32_t* limit;        // MaskRows::limit
+  const int32_t* ends;         // MaskRows::ends
+  int64_t bias_batch_stride;   // seq * keys, 0 for a mask shared by the batch
+  int64_t limit_batch_stride;  // seq, or 0
+  int64_t ends_batch_stride;   // row blocks, or 0
+  const float* bias_of(int64_t b) const { return bias + b * bias_batch_stride; }
+  const int32_t* limit_of(int64_t b) const { return limit + b * limit_batch_stride; }
+  const int32_t* ends_of(int64_t b) const { return ends + b * ends_batch_stride; }
+};
+
+Problem problem_of(const torch::Tensor& q, const torch::Tensor& k, const MaskRows& m,
+                   double scale) {
+  const bool shared = m.limit.size(0) == 1;
+  return {q.size(0),
+          q.size(1),
+          q.size(2),
+          k.size(1),
+          k.size(2),
+          q.size(3),
+          static_cast<float>(scale),
+          m.bias.defined() ? m.bias.const_data_ptr<float>() : nullptr,
+          m.limit.const_data_ptr<int32_t>(),
+          m.ends.const_data_ptr<int32_t>(),
+          shared ? 0 : q.size(1) * k.size(1),
+          shared ? 0 : q.size(1),
+          shared ? 0 : m.ends.size(1)};
+}
+
+// The forward pass: out [batch, seq, heads * head_dim] bf16. y and yd, when defined, receive
+// the probabilities and their dropped form ([batch, heads, seq, keys] bf16); otherwise they live
+// in per-thread scratch. `drop` null: no dropout.
+torch::Tensor attention_forward(const Problem& pb, const Heads& q, const Heads& k, const Heads& v,
+                                const DropoutDraw* drop, const torch::Tensor& y,
+                                const torch::Tensor& yd, const torch::TensorOptions& options) {
+  const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+  const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
+  torch::Tensor out = torch::empty({pb.batch, t, pb.heads * hd}, options);
+  auto* out_p = reinterpret_cast<uint16_t*>(out.data_ptr());
+  auto* y_p = y.defined() ? reinterpret_cast<uint16_t*>(y.data_ptr()) : nullptr;
+  auto* yd_p = yd.defined() ? reinterpret_cast<uint16_t*>(yd.data_ptr()) : nullptr;
+  const int mk = to_int(keys), mh = to_int(hd), ldq = to_int(q.ld), ldk = to_int(k.ld),
+            ldv = to_int(v.ld);
+  at::parallel_for(0, pb.batch * pb.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(static_cast<size_t>(kRowBlock * keys)), o(static_cast<size_t>(t * hd));
+    std::vector<uint16_t> y_scratch(y_p == nullptr ? kRowBlock * keys : 0);
+    std::vector<uint16_t> yd_scratch(drop != nullptr && yd_p == nullptr ? kRowBlock * keys : 0);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / pb.heads, h = task % pb.heads, kh = h / group;
+      const int32_t* ends = pb.ends_of(b);
+      // Block by block: the scores of kRowBlock queries over the keys they see (in cache), their
+      // probabilities, and those times v.
+      for (int64_t r0 = 0, i = 0; r0 < t; r0 += kRowBlock, ++i) {
+        const int64_t rows = std::min(kRowBlock, t - r0);
+        uint16_t* yb = y_p != nullptr ? y_p + (task * t + r0) * keys : y_scratch.data();
+        uint16_t* ydb = drop == nullptr    ? nullptr
+                        : yd_p != nullptr ? yd_p + (task * t + r0) * keys
+                                          : yd_scratch.data();
+        gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, static_cast<int>(rows), ends[i], mh,
+             pb.alpha, q.at(b, h) + r0 * q.ld, ldq, k.at(b, kh), ldk, 0.0f, s.data(), mk);
+        softmax_dropout_rows(s.data(), pb.bias_of(b) + r0 * keys, pb.limit_of(b) + r0, yb, ydb,
+                             rows, keys, (task * t + r0) * keys / 2,
+                             drop != nullptr ? drop->seed : 0,
+                             drop != nullptr ? drop->threshold : 0,
+                             drop != nullptr ? drop->scale : 1.0f);
+        gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows), mh,
+             ends[i], 1.0f, ydb != nullptr ? ydb : yb, mk, v.at(b, kh), ldv, 0.0f,
+             o.data() + r0 * hd, mh);
+      }
+      round_rows(o.data(), t, hd, out_p + b * t * pb.heads * hd + h * hd, pb.heads * hd);
+    }
+  });
+  return out;
+}
+
+struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& mask, double scale, double p) {
+    torch::Tensor qk, kk, vk;
+    const Heads qh = heads_of(q, qk), kh = heads_of(k, kk), vh = heads_of(v, vk);
+    const MaskRows rows = mask_rows(mask);
+    const Problem pb = problem_of(q, k, rows, scale);
+    std::optional<DropoutDraw> drop;
+    if (p > 0.0) drop = draw_dropout(p);
+    const auto bf16 = q.options().dtype(torch::kBFloat16);
+    torch::Tensor y = torch::empty({pb.batch, pb.heads, pb.seq, pb.keys}, bf16);
+    torch::Tensor yd = drop ? torch::empty_like(y) : torch::Tensor();
+    torch::Tensor out;
+    {
+      RECORD_FUNCTION("mllm::cpu_attention_bf16", std::vector<c10::IValue>({q, k, v}));
+      out = attention_forward(pb, qh, kh, vh, drop ? &*drop : nullptr, y, yd, bf16);
+    }
+    ctx->save_for_backward({qk, kk, vk, rows.limit, rows.ends, y, drop ? yd : y});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["drop_scale"] = drop ? static_cast<double>(drop->scale) : 0.0;
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    RECORD_FUNCTION("mllm::cpu_attention_bf16_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor qk, kk, vk;
+    const Heads q = heads_of(saved[0], qk), k = heads_of(saved[1], kk), v = heads_of(saved[2], vk);
+    const MaskRows rows{torch::Tensor(), saved[3], saved[4]};
+    const torch::Tensor& y = saved[5];
+    const double drop_scale = ctx->saved_data["drop_scale"].toDouble();
+    const bool dropout = drop_scale != 0.0;
+    const torch::Tensor& yd = saved[6];
+    const Problem pb = problem_of(qk, kk, rows, ctx->saved_data["scale"].toDouble());
+    const torch::Tensor d_out = grads[0].to(torch::kBFloat16).contiguous();
+    torch::Tensor dq = torch::empty(qk.sizes(), y.options());
+    torch::Tensor dk = torch::empty(kk.sizes(), y.options());
+    torch::Tensor dv = torch::empty(vk.sizes(), y.options());
+    const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+    const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
+    const int64_t ld_out = pb.heads * hd, ld_kv = pb.kv_heads * hd;
+    const int mk = to_int(keys), mh = to_int(hd), mo = to_int(ld_out), ldq = to_int(q.ld),
+              ldk = to_int(k.ld), ldv = to_int(v.ld);
+    const auto* go = reinterpret_cast<const uint16_t*>(d_out.const_data_ptr());
+    const auto* y_p = reinterpret_cast<const uint16_t*>(y.const_data_ptr());
+    const auto* yd_p = reinterpret_cast<const uint16_t*>(yd.const_data_ptr());
+    auto* dq_p = reinterpret_cast<uint16_t*>(dq.data_ptr());
+    auto* dk_p = reinterpret_cast<uint16_t*>(dk.data_ptr());
+    auto* dv_p = reinterpret_cast<uint16_t*>(dv.data_ptr());
+    const auto scale_drop = static_cast<float>(drop_scale);
+    // One task per (batch, key/value head), its query heads and their row blocks in turn: each
+    // block's contributions to dk and dv are summed in float32 by the products (beta = 1).
+    at::parallel_for(0, pb.batch * pb.kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> g(static_cast<size_t>(kRowBlock * keys));
+      std::vector<float> dqf(static_cast<size_t>(t * hd));
+      std::vector<float> dkf(static_cast<size_t>(keys * hd)), dvf(static_cast<size_t>(keys * hd));
+      std::vector<uint16_t> ds(static_cast<size_t>(kRowBlock * keys));
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / pb.kv_heads, kh = task % pb.kv_heads;
+        const int32_t* ends = pb.ends_of(b);
+        std::fill(dkf.begin(), dkf.end(), 0.0f);
+        std::fill(dvf.begin(), dvf.end(), 0.0f);
+        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+          for (int64_t r0 = 0, i = 0; r0 < t; r0 += kRowBlock, ++i) {
+            const int64_t rows = std::min(kRowBlock, t - r0);
+            const int64_t head_row = (b * pb.heads + h) * t + r0;
+            const int mr = static_cast<int>(rows), me = ends[i];
+            const uint16_t* go_b = go + (b * t + r0) * ld_out + h * hd;
+            const uint16_t* y_b = y_p + head_row * keys;
+            const uint16_t* yd_b = yd_p + head_row * keys;
+            // d loss / d dropped probabilities = d_out v^T, then d loss / d scores
+            gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, mr, me, mh, 1.0f, go_b, mo,
+                 v.at(b, kh), ldv, 0.0f, g.data(), mk);
+            softmax_dropout_grad_rows(g.data(), y_b, dropout ? yd_b : nullptr,
+                                      pb.limit_of(b) + r0, ds.data(), rows, keys, scale_drop);
+            // dq = scale * ds k, dk += scale * ds^T q, dv += dropped^T d_out
+            gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, mr, mh, me, pb.alpha,
+                 ds.data(), mk, k.at(b, kh), ldk, 0.0f, dqf.data() + r0 * hd, mh);
+            gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, pb.alpha,
+                 ds.data(), mk, q.at(b, h) + r0 * q.ld, ldq, 1.0f, dkf.data(), mh);
+            gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, 1.0f, yd_b, mk,
+                 go_b, mo, 1.0f, dvf.data(), mh);
+          }
+          round_rows(dqf.data(), t, hd, dq_p + b * t * ld_out + h * hd, ld_out);
+        }
+        round_rows(dkf.data(), keys, hd, dk_p + b * keys * ld_kv + kh * hd, ld_kv);
+        round_rows(dvf.data(), keys, hd, dv_p + b * keys * ld_kv + kh * hd, ld_kv);
+      }
+    });
+    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool cpu_attention_bf16_available() { return mkl_gemm_bf16bf16f32() != nullptr; }
+
+bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& blocked) {
+  const auto bf16_cpu = [](const torch::Tensor& x) {
+    return x.defined() && x.dim() == 4 && x.is_cpu() && x.scalar_type() == torch::kBFloat16;
+  };
+  if (!bf16_cpu(q) || !bf16_cpu(k) || !bf16_cpu(v) || !blocked.defined() || !blocked.is_cpu() ||
+      blocked.scalar_type() != torch::kBool || blocked.dim() != 4)
+    return false;
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2), hd = q.size(3), keys = k.size(1),
+                kvh = k.size(2);
+  return k.size(0) == b && k.size(3) == hd && v.sizes() == k.sizes() && kvh > 0 && h % kvh == 0 &&
+         hd % 2 == 0 && keys % 2 == 0 && (blocked.size(0) == 1 || blocked.size(0) == b) &&
+         blocked.size(1) == 1 && blocked.size(2) == t && blocked.size(3) == keys;
+}
+
+torch::Tensor cpu_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const torch::Tensor& blocked, double scale,
+                                 double p, bool training) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error("cpu_attention_bf16: p must be in [0, 1)");
+  MLLM_CHECK(cpu_attention_bf16_available(),
+             "cpu_attention_bf16: oneMKL's bf16 GEMM is not in use");
+  MLLM_CHECK(cpu_attention_bf16_applies(q, k, v, blocked),
+             "cpu_attention_bf16: expected bf16 CPU q [b, t, h, hd], k and v [b, keys, kvh, hd] "
+             "and a bool mask [b or 1, 1, t, keys] with hd and keys even");
+  const torch::Tensor mask = blocked.contiguous();
+  const double drop = training ? p : 0.0;
+  if (torch::GradMode::is_enabled() &&
+      (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return CpuAttentionFunction::apply(q, k, v, mask, scale, drop);
+  torch::Tensor qk, kk, vk;
+  const Heads qh = heads_of(q, qk), kh = heads_of(k, kk), vh = heads_of(v, vk);
+  std::optional<DropoutDraw> d;
+  if (drop > 0.0) d = draw_dropout(drop);
+  RECORD_FUNCTION("mllm::cpu_attention_bf16", std::vector<c10::IValue>({q, k, v}));
+  const MaskRows rows = mask_rows(mask);
+  return attention_forward(problem_of(q, k, rows, scale), qh, kh, vh, d ? &*d : nullptr,
+                           torch::Tensor(), torch::Tensor(), q.options());
+}
+
+}  // namespace mllm
