@@ -16,72 +16,15 @@
 #include "mllm/model/bf16_linear.h"
 #include "mllm/model/dropout.h"
 #include "mllm/model/dropout_bits.h"
+#include "mllm/model/vec16.h"
 
 namespace mllm {
 namespace {
 
 using c10::detail::f32_from_bits;
 using c10::detail::round_to_nearest_even;
+using namespace vec16;  // NOLINT(build/namespaces): the 16-lane helpers of the row passes
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// (The helpers taking and returning these are inlined into each version: no vector crosses a
-// call, so GCC's note that such calls' ABI depends on the target does not apply.)
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-// 16 lanes of GCC's vector extension types: one AVX-512 register, two AVX2 ones, four SSE ones
-// (the compiler lowers the operations to each target_clones version). The row loops below use
-// them where GCC's vectorizer leaves the plain loops scalar (selects on masks, the maximum).
-constexpr int64_t kLanes = 16;
-typedef float Floats __attribute__((vector_size(kLanes * 4)));
-typedef int32_t Ints __attribute__((vector_size(kLanes * 4)));
-typedef uint32_t Uints __attribute__((vector_size(kLanes * 4)));
-typedef uint16_t Halves __attribute__((vector_size(kLanes * 2)));
-
-template <typename V, typename T>
-[[gnu::always_inline]] inline V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename V, typename T>
-[[gnu::always_inline]] inline void store(T* p, const V& v) {
-  std::memcpy(p, &v, sizeof v);
-}
-[[gnu::always_inline]] inline Floats splat(float x) { return Floats{} + x; }
-
-// exp(x) for x <= 0 in float32 on 16 lanes: Cephes' expf (S. L. Moshier, Cephes Math Library,
-// expf.c): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so that n * 0.693359375 is
-// exact), e^r = 1 + r + r^2 p(r) with Cephes' degree-5 p, times 2^n built in the exponent bits.
-// Relative error ~1e-7 (1-2 units in the last place) for x >= -87; below, e^-87 (~1.6e-38)
-// instead of a smaller number: the callers add it to a sum >= 1 (the row's maximum gives e^0)
-// and give masked places 0 themselves.
-[[gnu::always_inline]] inline Floats exp_nonpositive(Floats x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  const Floats n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  Floats r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  Floats p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  return p * reinterpret_cast<Floats>((__builtin_convertvector(n, Ints) + 127) << 23);
-}
-[[gnu::always_inline]] inline float exp_nonpositive(float x) {
-  return exp_nonpositive(splat(x))[0];
-}
-
-// c10's round_to_nearest_even (float32 -> bf16 bits, NaN -> 0x7FC0) on 16 lanes.
-[[gnu::always_inline]] inline Halves to_bf16(Floats f) {
-  const Uints u = reinterpret_cast<Uints>(f);
-  const Uints rounded = (u + (0x7FFFu + ((u >> 16) & 1u))) >> 16;
-  return __builtin_convertvector(f != f ? Uints{} + 0x7FC0u : rounded, Halves);
-}
-[[gnu::always_inline]] inline Floats from_bf16(Halves h) {
-  return reinterpret_cast<Floats>(__builtin_convertvector(h, Uints) << 16);
-}
 
 // The leading keys a row can attend to: limit[r] = 1 + the last unmasked key of mask row r, 0
 // when every key is masked. Every key at or past it is masked: the row passes skip them.
@@ -118,10 +61,11 @@ void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends)
 // rounded once (a row with every key masked: 1 / keys each, as masked_fill(-1e9) gives in
 // float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0 with mllm::dropout's mask
 // for element pair0 * 2 + r * keys + k of the [batch, heads, seq, keys] probabilities. Compiled
-// three times (x86-64-v4, AVX2, baseline), without multiply-add contraction: the same bits on
-// every path. keys even.
+// three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline; chosen when the library
+// loads): the v3 and v4 versions contract multiply-adds alike, so they give the same bits; the
+// baseline version (no FMA) may differ in the last bit of a float32 value. keys even.
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
                           const int32_t* __restrict limit, uint16_t* __restrict y,
@@ -191,7 +135,7 @@ void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
 // which is 0 at masked places (y is 0 there), and 0 for a row with every key masked, as
 // masked_fill's backward gives. Compiled as softmax_dropout_rows.
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void softmax_dropout_grad_rows(float* __restrict g, const uint16_t* __restrict y,
                                const uint16_t* __restrict yd, const int32_t* __restrict limit,

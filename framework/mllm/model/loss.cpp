@@ -3,10 +3,17 @@
 #include "mllm/model/loss.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 
 #include "mllm/core/error.h"
 #include "mllm/model/model.h"
+#include "mllm/model/vec16.h"
 
 namespace mllm {
 
@@ -48,9 +55,98 @@ torch::Tensor row_losses(const torch::Tensor& x, const torch::Tensor& targets,
   return (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0);
 }
 
-// x [rows, vocab] bf16 or half contiguous -> per-row log-sum-exp [rows] float32 (the same max /
-// exp / sum as row_losses, over float32 copies of cache-sized chunks).
+// Rows rb..re-1 of bf16 logits x [rows, vocab] (bit patterns) -> lse [rows] float32: the
+// row's maximum m, then log(sum_k exp(x_k - m)) + m, in float32 with the sum in 16 lanes (a fixed
+// order) and vec16's exp (1-2 units in the last place). One read of each row for the maximum and
+// one for the sum, while it is in cache. Compiled three times (x86-64-v4 = AVX-512, x86-64-v3 =
+// AVX2 + FMA, baseline): the v3 and v4 versions give the same bits; the baseline version (no
+// FMA) may differ in the last bit of a float32 value. (About 1.7x LibTorch's amax / exp / sum
+// over float32 copies of the rows, forward and backward together, at [2048, 8192].)
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void lse_rows_bf16(const uint16_t* __restrict x, int64_t rb, int64_t re, int64_t vocab,
+                   float* __restrict lse) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  using c10::detail::f32_from_bits;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    const uint16_t* row = x + r * vocab;
+    Floats lanes = splat(kNegInf);
+    for (int64_t k = 0; k < vend; k += kLanes) {
+      const Floats v = from_bf16(load<Halves>(row + k));
+      lanes = v > lanes ? v : lanes;
+    }
+    float mx = kNegInf;
+    for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (int64_t k = vend; k < vocab; ++k) {
+      const float v = f32_from_bits(row[k]);
+      mx = v > mx ? v : mx;
+    }
+    Floats sums = {};
+    for (int64_t k = 0; k < vend; k += kLanes)
+      sums += exp_nonpositive(from_bf16(load<Halves>(row + k)) - mx);
+    float sum = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
+    for (int64_t k = vend; k < vocab; ++k) sum += exp_nonpositive(f32_from_bits(row[k]) - mx);
+    lse[r] = std::log(sum) + mx;
+  }
+}
+
+// Rows rb..re-1 of the gradient of the summed loss for bf16 logits x [rows, vocab] (bit
+// patterns), lse [rows] (lse_rows_bf16), scale [rows] (the upstream gradient, 0 on pad rows),
+// targets [rows] -> grad [rows, vocab] bf16 = bf16(exp(x - lse) * scale), and at the target
+// bf16(exp(x - lse) * scale + -scale): softmax minus one-hot in float32, rounded once. Compiled
+// as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void ce_grad_rows_bf16(const uint16_t* __restrict x, const float* __restrict lse,
+                       const float* __restrict scale, const int64_t* __restrict targets,
+                       int64_t rb, int64_t re, int64_t vocab, uint16_t* __restrict grad) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  using c10::detail::f32_from_bits;
+  using c10::detail::round_to_nearest_even;
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    const uint16_t* row = x + r * vocab;
+    uint16_t* out = grad + r * vocab;
+    const float l = lse[r], s = scale[r];
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(out + k, to_bf16(exp_nonpositive(from_bf16(load<Halves>(row + k)) - l) * s));
+    for (int64_t k = vend; k < vocab; ++k)
+      out[k] = round_to_nearest_even(exp_nonpositive(f32_from_bits(row[k]) - l) * s);
+    const int64_t t = targets[r];
+    out[t] = round_to_nearest_even(exp_nonpositive(f32_from_bits(row[t]) - l) * s + -s);
+  }
+}
+
+// Rows per parallel chunk: about 64 K logits.
+int64_t grain_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 16) / vocab); }
+
+// x [rows, vocab] bf16 contiguous on the CPU -> per-row log-sum-exp [rows] float32
+// (lse_rows_bf16).
+torch::Tensor row_lse_bf16(const torch::Tensor& x) {
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  torch::Tensor lse = torch::empty({rows}, x.options().dtype(torch::kFloat));
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+  float* lp = lse.data_ptr<float>();
+  at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+    lse_rows_bf16(xp, begin, end, vocab, lp);
+  });
+  return lse;
+}
+
+// Whether bf16 logits take the fused row kernels: CPU and a non-empty vocabulary.
+bool fused_bf16(const torch::Tensor& x) {
+  return x.is_cpu() && x.scalar_type() == torch::kBFloat16 && x.size(1) > 0;
+}
+
+// x [rows, vocab] bf16 or half contiguous -> per-row log-sum-exp [rows] float32: lse_rows_bf16
+// for bf16 on the CPU; otherwise the max / exp / sum over float32 copies of cache-sized chunks.
 torch::Tensor row_lse_reduced(const torch::Tensor& x) {
+  if (fused_bf16(x)) return row_lse_bf16(x);
   const int64_t rows = x.size(0), vocab = x.size(1), step = chunk_rows(x);
   const auto f32 = x.options().dtype(torch::kFloat);
   torch::Tensor lse = torch::empty({rows}, f32);
@@ -76,9 +172,10 @@ torch::Tensor reduced_loss_sum(const torch::Tensor& x, const torch::Tensor& targ
 // The same loss for bf16 / half logits (bf16 autocast), with float32 arithmetic throughout:
 // the forward pass keeps the logits as they are and one log-sum-exp per row; the backward pass
 // recomputes exp(x - lse) in float32, subtracts the one-hot there, and rounds the gradient to
-// the logits' dtype once — the same bits as the float32 path's gradient rounded for the bf16
-// head, without a [rows, vocab] float32 copy of the logits, a float32 softmax buffer, or their
-// casts (3x less memory traffic over the vocabulary).
+// the logits' dtype once — the float32 path's gradient rounded for the bf16 head (to the last
+// bit of its exp: bf16 logits on the CPU take lse_rows_bf16 and ce_grad_rows_bf16, one pass over
+// each row each way; half logits ATen's ops over float32 chunks), without a [rows, vocab]
+// float32 copy of the logits, a float32 softmax buffer, or their casts.
 class SummedCrossEntropyReduced : public torch::autograd::Function<SummedCrossEntropyReduced> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -98,6 +195,16 @@ class SummedCrossEntropyReduced : public torch::autograd::Function<SummedCrossEn
     // Per-row factor: the upstream gradient on real targets, 0 on pad targets.
     torch::Tensor scale = targets.ne(kPadId).to(torch::kFloat).mul_(grad_out[0].to(torch::kFloat));
     torch::Tensor grad = torch::empty_like(x);
+    if (fused_bf16(x)) {
+      const torch::Tensor t = targets.contiguous();
+      const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+      auto* gp = reinterpret_cast<uint16_t*>(grad.data_ptr());
+      at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+        ce_grad_rows_bf16(xp, lse.const_data_ptr<float>(), scale.const_data_ptr<float>(),
+                          t.const_data_ptr<int64_t>(), begin, end, vocab, gp);
+      });
+      return {grad, torch::Tensor()};
+    }
     torch::Tensor scratch = torch::empty({std::min(step, rows), vocab}, lse.options());
     for (int64_t start = 0; start < rows; start += step) {
       const int64_t n = std::min(step, rows - start);

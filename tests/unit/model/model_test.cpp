@@ -868,5 +868,25 @@ TEST(LossTest, BFloat16LogitsInFloat32AndAGradientRoundedOnce) {
   EXPECT_EQ(x.grad()[0].narrow(0, 100, 7).abs().sum().item<double>(), 0.0);
 }
 
+// A vocabulary narrower than one 16-lane vector (the bf16 row kernels' scalar tails only):
+// value and gradient against float64 by the formula, as above.
+TEST(LossTest, BFloat16LogitsNarrowVocabulary) {
+  torch::manual_seed(6);
+  auto xb = (torch::randn({2, 3, 5}) * 2.0).to(torch::kBFloat16);
+  auto t = torch::tensor({4, 1, 0, 2, 3, 4}, torch::kLong).view({2, 3});  // one pad target
+  auto x = xb.detach().requires_grad_(true);
+  auto loss = lm_loss_sum(x, t);
+  loss.backward();
+  auto xd = xb.to(torch::kDouble);
+  auto logp = xd - torch::logsumexp(xd, -1, /*keepdim=*/true);
+  auto real = t.ne(kPadId);
+  const double want = -(logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+  EXPECT_NEAR(loss.item<double>(), want, 1e-6 * std::abs(want));
+  auto grad = (logp.exp() - torch::one_hot(t, 5).to(torch::kDouble)) * real.unsqueeze(-1);
+  auto err = (x.grad().to(torch::kDouble) - grad).abs();
+  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-12).all().item<bool>());
+  EXPECT_EQ(x.grad()[0][2].abs().sum().item<double>(), 0.0);  // the pad row
+}
+
 }  // namespace
 }  // namespace mllm
