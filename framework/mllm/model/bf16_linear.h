@@ -25,12 +25,13 @@ namespace mllm {
 
 // Whether the weight gradient comes from oneMKL's cblas_gemm_bf16bf16f32: LibTorch's
 // libtorch_cpu.so exports it (the x86-64 wheels link oneMKL statically and export its CBLAS
-// symbols; looked up in that library, not in a preloaded one) and the
-// CPU has AMX-BF16 (where it was measured; bench/README.md), or avx512_bf16 with
-// MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten. Otherwise mllm::linear,
-// linear_relu and linears are autocast's linear layers (none of the fused paths below), and
-// weight_grad_float32 falls back to ATen's bf16 mm (one rounding to bf16) cast to float32. Decided once per process; throws mllm::ConfigError for another value of
-// MLLM_BF16_WEIGHT_GRAD.
+// symbols; looked up in that library, not in a preloaded one) and the CPU has AMX-BF16 (where
+// it was measured; bench/README.md), or avx512_bf16 with MLLM_BF16_WEIGHT_GRAD=mkl; never with
+// MLLM_BF16_WEIGHT_GRAD=aten. Otherwise mllm::linear, linear_relu and linears are autocast's
+// linear layers (none of the fused paths below; nor the fused attention of cpu_attention.h,
+// which needs the same GEMM), and weight_grad_float32 falls back to ATen's bf16 mm (one
+// rounding to bf16) cast to float32. Decided once per process; throws mllm::ConfigError for
+// another value of MLLM_BF16_WEIGHT_GRAD.
 bool bf16_weight_grad_uses_mkl();
 
 // oneMKL's cblas_gemm_bf16bf16f32 (oneMKL Developer Reference, "cblas_gemm_bf16bf16f32"):
