@@ -169,7 +169,7 @@ void softmax_dropout_grad_rows(float* __restrict g, const uint16_t* __restrict y
 
 // dst[r * ld + c] = bf16(src[r * cols + c]) for rows x cols float32 (round to nearest even).
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void round_rows(const float* __restrict src, int64_t rows, int64_t cols, uint16_t* __restrict dst,
                 int64_t ld) {
@@ -188,7 +188,7 @@ struct Heads {
 // split outputs of mllm::linears), else a contiguous copy; `keep` holds what was read.
 Heads heads_of(const torch::Tensor& x, torch::Tensor& keep) {
   const bool readable = x.stride(3) == 1 && x.stride(2) == x.size(3) &&
-                        x.stride(1) >= x.size(2) * x.size(3) && x.stride(0) >= 0;
+                        x.stride(1) >= x.size(2) * x.size(3);
   keep = readable ? x : x.contiguous();
   return {reinterpret_cast<const uint16_t*>(keep.const_data_ptr()), keep.stride(0),
           keep.stride(1), keep.size(3)};
@@ -413,7 +413,8 @@ bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), hd = q.size(3), keys = k.size(1),
                 kvh = k.size(2);
   return k.size(0) == b && k.size(3) == hd && v.sizes() == k.sizes() && kvh > 0 && h % kvh == 0 &&
-         hd % 2 == 0 && keys % 2 == 0 && (blocked.size(0) == 1 || blocked.size(0) == b) &&
+         hd % 2 == 0 && keys > 0 && keys % 2 == 0 &&
+         (blocked.size(0) == 1 || blocked.size(0) == b) &&
          blocked.size(1) == 1 && blocked.size(2) == t && blocked.size(3) == keys;
 }
 

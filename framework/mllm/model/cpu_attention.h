@@ -1,17 +1,22 @@
-// Attention for bf16 q/k/v on the CPU (bf16 autocast) as one pass per (batch, key/value head):
-// for each head, the scores as one oneMKL product with a float32 result (cblas_gemm_bf16bf16f32),
-// the mask, softmax and dropout in one pass over the rows while they are in cache, and the
-// weighted sum of values as a second product written straight into the [batch, seq, d_model]
-// layout the output projection reads. The backward pass is the same loop over the heads.
+// Attention for bf16 q/k/v on the CPU (bf16 autocast) as one kernel. Forward, per (batch, query
+// head) and block of 128 queries: the scores as one oneMKL product with a float32 result
+// (cblas_gemm_bf16bf16f32) over the keys the block can see, the mask, softmax and dropout in one
+// pass over the rows while they are in cache, and the weighted sum of values as a second product
+// written straight into the [batch, seq, d_model] layout the output projection reads. Backward,
+// per (batch, key/value head): the same blocks, the query heads sharing a key/value head summed
+// into its gradients.
 //
 // Against the unfused bf16 path (attention.cpp: a bf16 score product with the mask as its bias,
 // LibTorch's softmax, dropout, a bf16 product) it skips the head-major copies of q, k and v, the
 // broadcast of the mask into every score matrix, the separate passes over the [batch, heads,
 // seq, keys] scores and probabilities, and the copy of the output back to [batch, seq, d_model].
-// The numbers differ only in being more exact: the scores and the probabilities' gradient stay
-// float32 until the softmax (not rounded to bf16 first); the probabilities are rounded to bf16
-// once, as before, for the value product and for the backward. The dropout mask is
-// mllm::dropout's (dropout_bits.h), element for element the one the unfused path draws.
+// The numbers are more exact: the scores and the probabilities' gradient stay float32 until the
+// softmax (not rounded to bf16 first); the probabilities are rounded to bf16 once, as before,
+// for the value product and for the backward; and masked scores get exactly zero gradient, as
+// masked_fill gives, also in rows where every key is masked (the unfused path's additive mask
+// passes the softmax's gradient there). The dropout mask is mllm::dropout's (dropout_bits.h),
+// element for element the one the unfused path draws. A score of +inf or NaN at a masked key
+// makes its row NaN (the mask is added as -inf), as in the unfused path.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,8 +29,8 @@ namespace mllm {
 bool cpu_attention_bf16_available();
 
 // Whether these tensors can take it: q [batch, seq, heads, head_dim], k and v [batch, keys,
-// kv_heads, head_dim], all bf16 on the CPU with head_dim and keys even, heads a multiple of
-// kv_heads, and blocked [batch or 1, 1, seq, keys] bool on the CPU.
+// kv_heads, head_dim], all bf16 on the CPU with head_dim even and keys even and positive, heads a
+// multiple of kv_heads, and blocked [batch or 1, 1, seq, keys] bool on the CPU.
 bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, const torch::Tensor& blocked);
 

@@ -37,8 +37,9 @@ template <typename V, typename T>
 // expf.c): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so that n * 0.693359375 is
 // exact), e^r = 1 + r + r^2 p(r) with Cephes' degree-5 p, times 2^n built in the exponent bits.
 // Relative error ~1e-7 (1-2 units in the last place) for x >= -87; below, e^-87 (~1.6e-38)
-// instead of a smaller number: the callers add it to a sum >= 1 (the row's maximum gives e^0)
-// and give masked places 0 themselves.
+// instead of a smaller number or 0: negligible where it joins a sum >= 1 (a row's maximum gives
+// e^0); attention gives masked places 0 itself, the loss lets a -inf logit have e^-87 times the
+// upstream gradient.
 [[gnu::always_inline]] inline Floats exp_nonpositive(Floats x) {
   x = x < -87.0f ? splat(-87.0f) : x;
   const Floats n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)

@@ -65,8 +65,10 @@ Result fused(const Case& c, const torch::Tensor& qkv, const torch::Tensor& mask,
   return {out.detach(), grads[0], grads[1], grads[2]};
 }
 
-// The unfused bf16 path the kernel replaced (attention.cpp before it): bf16 scores with the mask
-// as a bias of 0 / -1e9, mllm::softmax_dropout, a bf16 product.
+// A stand-in for the unfused bf16 path the kernel replaced (attention.cpp before it): bf16
+// scores, scaled after the product (attention.cpp scales q before it, or in the product for a
+// power-of-two scale: the same bits at head_dim 16, one rounding apart at 8), the mask as a
+// bias of 0 / -1e9, mllm::softmax_dropout, a bf16 product.
 Result unfused(const Case& c, const torch::Tensor& qkv, const torch::Tensor& mask,
                const torch::Tensor& g, double p, uint64_t seed) {
   auto leaf = qkv.detach().requires_grad_(true);
@@ -76,7 +78,8 @@ Result unfused(const Case& c, const torch::Tensor& qkv, const torch::Tensor& mas
   auto k = parts[1].view({c.b, c.t, c.kvh, c.hd}).transpose(1, 2).repeat_interleave(r, 1);
   auto v = parts[2].view({c.b, c.t, c.kvh, c.hd}).transpose(1, 2).repeat_interleave(r, 1);
   auto bias = torch::zeros(mask.sizes(), torch::kBFloat16).masked_fill_(mask, -1e9);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(c.hd)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
   torch::manual_seed(seed);
   auto attn = softmax_dropout(scores + bias, p, /*training=*/true);
   auto out = torch::matmul(attn, v).transpose(1, 2).reshape({c.b, c.t, c.h * c.hd});
@@ -99,8 +102,8 @@ double mean_error(const torch::Tensor& x, const torch::Tensor& want) {
 
 // Output and gradients against float64 by the formula, with and without dropout (the float64
 // reference uses mllm::dropout's mask drawn from the same seed), for multi-head and grouped
-// key/value heads, a shared causal mask over two row blocks (t > 128) and a per-batch mask with
-// fully masked rows, and key counts that are not a multiple of 16. Bounds: bf16 keeps 8
+// key/value heads, shared causal and per-batch masks (with fully masked rows) over one and two
+// row blocks (t > 128), and key counts that are not a multiple of 16. Bounds: bf16 keeps 8
 // significant bits (unit roundoff u = 2^-8); the output is rounded once after a float32 product
 // of probabilities each rounded once (twice with dropout), so |out - ref| <= u (P |v| + |ref|)
 // (2u P |v| + u |ref|) up to float32 terms.
@@ -108,7 +111,10 @@ double mean_error(const torch::Tensor& x, const torch::Tensor& want) {
 // held to 2^-6 of each gradient's largest magnitude.
 TEST(CpuAttention, ValuesAndGradientsAgainstFloat64) {
   SKIP_WITHOUT_FUSED_ATTENTION();
-  const Case cases[] = {{2, 50, 4, 4, 16, true}, {2, 34, 4, 2, 8, true}, {1, 200, 2, 1, 8, false}};
+  const Case cases[] = {{2, 50, 4, 4, 16, true},
+                        {2, 34, 4, 2, 8, true},
+                        {1, 200, 2, 1, 8, false},
+                        {2, 140, 2, 2, 8, true}};
   for (const Case& c : cases) {
     for (double p : {0.0, 0.2}) {
       SCOPED_TRACE(::testing::Message() << "t " << c.t << " heads " << c.h << "/" << c.kvh
@@ -148,7 +154,8 @@ TEST(CpuAttention, ValuesAndGradientsAgainstFloat64) {
       for (int i = 0; i < 3; ++i) {
         SCOPED_TRACE(i == 0 ? "dq" : i == 1 ? "dk" : "dv");
         const double largest = want[i].abs().max().item<double>();
-        EXPECT_TRUE(within(got[i], want[i], torch::full_like(want[i], largest * std::ldexp(1.0, -6))));
+        const auto tol = torch::full_like(want[i], largest * std::ldexp(1.0, -6));
+        EXPECT_TRUE(within(got[i], want[i], tol));
         EXPECT_LE(mean_error(got[i], want[i]), mean_error(before[i], want[i]));
       }
       // Masked scores get exactly zero gradient (as masked_fill's): with left padding, batch
@@ -172,7 +179,8 @@ TEST(CpuAttention, DropoutMaskIsMllmDropouts) {
   torch::manual_seed(2);
   auto q = torch::randn({b, t, h, hd}).to(torch::kBFloat16);
   auto k = torch::randn({b, t, h, hd}).to(torch::kBFloat16);
-  auto v = torch::eye(t).view({1, t, 1, hd}).expand({b, t, h, hd}).contiguous().to(torch::kBFloat16);
+  auto v = torch::eye(t).view({1, t, 1, hd}).expand({b, t, h, hd}).contiguous();
+  v = v.to(torch::kBFloat16);
   auto mask = torch::ones({t, t}, torch::kBool).triu(1).view({1, 1, t, t});
   const double p = 0.3, scale = 0.125;
   torch::NoGradGuard no_grad;
@@ -219,6 +227,9 @@ TEST(CpuAttention, RejectsWhatItCannotTake) {
   EXPECT_FALSE(cpu_attention_bf16_applies(q, q, q, mask.to(torch::kFloat)));   // not a bool mask
   auto odd = torch::randn({1, 3, 2, 8}).to(torch::kBFloat16);                  // 3 keys
   EXPECT_FALSE(cpu_attention_bf16_applies(odd, odd, odd, torch::ones({1, 1, 3, 3}, torch::kBool)));
+  auto none = torch::randn({1, 0, 2, 8}).to(torch::kBFloat16);  // no keys
+  const auto no_mask = torch::ones({1, 1, 0, 0}, torch::kBool);
+  EXPECT_FALSE(cpu_attention_bf16_applies(none, none, none, no_mask));
   auto kv3 = torch::randn({1, 4, 3, 8}).to(torch::kBFloat16);  // 3 kv heads for 2 heads
   EXPECT_FALSE(cpu_attention_bf16_applies(q, kv3, kv3, mask));
   EXPECT_THROW(cpu_attention_bf16(q, kv3, kv3, mask, 1.0, 0.0, false), Error);

@@ -863,7 +863,9 @@ TEST(LossTest, BFloat16LogitsInFloat32AndAGradientRoundedOnce) {
   ASSERT_EQ(x.grad().scalar_type(), torch::kBFloat16);
   auto grad = (logp.exp() - torch::one_hot(t, vocab).to(torch::kDouble)) * real.unsqueeze(-1) * 2.0;
   auto err = (x.grad().to(torch::kDouble) - grad).abs();
-  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-12).all().item<bool>())
+  // (+ 1e-6 x the upstream gradient: float32's error in exp(x - lse) before the rounding, which
+  // matters where softmax - 1 cancels at a target with probability near 1.)
+  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 2e-6).all().item<bool>())
       << (err - grad.abs() * std::ldexp(1.0, -8)).max().item<double>();
   EXPECT_EQ(x.grad()[0].narrow(0, 100, 7).abs().sum().item<double>(), 0.0);
 }
@@ -884,7 +886,7 @@ TEST(LossTest, BFloat16LogitsNarrowVocabulary) {
   EXPECT_NEAR(loss.item<double>(), want, 1e-6 * std::abs(want));
   auto grad = (logp.exp() - torch::one_hot(t, 5).to(torch::kDouble)) * real.unsqueeze(-1);
   auto err = (x.grad().to(torch::kDouble) - grad).abs();
-  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-12).all().item<bool>());
+  EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-6).all().item<bool>());
   EXPECT_EQ(x.grad()[0][2].abs().sum().item<double>(), 0.0);  // the pad row
 }
 
