@@ -187,20 +187,15 @@ torch::Tensor apply_mask(const torch::Tensor& in_any, uint64_t seed, uint32_t th
   return out;
 }
 
-// A dropout mask as the autograd Functions keep it for their backward: the seed, the drop
-// threshold (24 bits) and the scale 1 / (1 - p).
-struct MaskParams {
-  uint64_t seed;
-  uint32_t threshold;
-  float scale;
-};
+// A dropout mask (DropoutDraw: seed, 24-bit drop threshold, scale 1 / (1 - p)) as the autograd
+// Functions keep it for their backward.
 void save_mask(torch::autograd::AutogradContext* ctx, int64_t seed, int64_t threshold,
                double scale) {
   ctx->saved_data["seed"] = seed;
   ctx->saved_data["threshold"] = threshold;
   ctx->saved_data["scale"] = scale;
 }
-MaskParams saved_mask(torch::autograd::AutogradContext* ctx) {
+DropoutDraw saved_mask(torch::autograd::AutogradContext* ctx) {
   return {static_cast<uint64_t>(ctx->saved_data["seed"].toInt()),
           static_cast<uint32_t>(ctx->saved_data["threshold"].toInt()),
           static_cast<float>(ctx->saved_data["scale"].toDouble())};
@@ -216,7 +211,7 @@ struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     // d/dx (x * keep * scale) = keep * scale: the same mask, regenerated from the seed.
-    const MaskParams m = saved_mask(ctx);
+    const DropoutDraw m = saved_mask(ctx);
     torch::Tensor g = apply_mask(grads[0], m.seed, m.threshold, m.scale);
     return {g, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -317,23 +312,18 @@ struct SoftmaxDropoutFunction : public torch::autograd::Function<SoftmaxDropoutF
   }
 };
 
-// One draw from the default CPU generator per dropout call: the seed of its mask.
-int64_t draw_seed() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return static_cast<int64_t>(gen.get<at::CPUGeneratorImpl>()->random64());
-}
-
-// The 24-bit drop threshold of probability p: an element is kept when its bits are >= it.
-int64_t drop_threshold(double p) {
-  return static_cast<int64_t>(std::llround(p * static_cast<double>(1u << 24)));
-}
-
 }  // namespace
 
 DropoutDraw draw_dropout(double p) {
   if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("dropout: p must be in [0, 1), got {}", p));
-  return {static_cast<uint64_t>(draw_seed()), static_cast<uint32_t>(drop_threshold(p)),
+  uint64_t seed = 0;  // one draw from the default CPU generator per dropout call
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  // An element is kept when its 24 bits are >= the threshold round(p * 2^24).
+  return {seed, static_cast<uint32_t>(std::llround(p * static_cast<double>(1u << 24))),
           static_cast<float>(1.0 / (1.0 - p))};
 }
 
@@ -343,7 +333,8 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!x.is_floating_point())
     throw Error(fmt::format("dropout: needs a floating-point tensor, got {}", c10::toString(x.scalar_type())));
   if (!x.device().is_cpu()) return at::dropout(x, p, /*train=*/true);
-  return DropoutFunction::apply(x, draw_seed(), drop_threshold(p), 1.0 / (1.0 - p));
+  const DropoutDraw d = draw_dropout(p);
+  return DropoutFunction::apply(x, static_cast<int64_t>(d.seed), d.threshold, d.scale);
 }
 
 torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& branch, double p,
@@ -357,8 +348,9 @@ torch::Tensor dropout_add(const torch::Tensor& residual, const torch::Tensor& br
   if (!fused) return residual + mllm::dropout(branch, p, training);
   if (!training || p == 0.0)  // every element kept, no draw (as dropout)
     return DropoutAddFunction::apply(residual, branch, 0, 0, 1.0);
-  return DropoutAddFunction::apply(residual, branch, draw_seed(), drop_threshold(p),
-                                   1.0 / (1.0 - p));
+  const DropoutDraw d = draw_dropout(p);
+  return DropoutAddFunction::apply(residual, branch, static_cast<int64_t>(d.seed), d.threshold,
+                                   d.scale);
 }
 
 torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool training) {
@@ -367,7 +359,9 @@ torch::Tensor softmax_dropout(const torch::Tensor& scores, double p, bool traini
                      scores.scalar_type() == torch::kBFloat16 && scores.dim() >= 1 &&
                      scores.size(-1) % 2 == 0 && scores.is_contiguous();
   if (!fused) return mllm::dropout(torch::softmax(scores, -1), p, training);
-  return SoftmaxDropoutFunction::apply(scores, draw_seed(), drop_threshold(p), 1.0 / (1.0 - p));
+  const DropoutDraw d = draw_dropout(p);
+  return SoftmaxDropoutFunction::apply(scores, static_cast<int64_t>(d.seed), d.threshold,
+                                       d.scale);
 }
 
 DropoutImpl::DropoutImpl(double p) : p_(p) {
