@@ -6,7 +6,8 @@
 #   launch/install-deps.sh            build + tests + main job
 #   launch/install-deps.sh --dev      also numpy in .venv (golden-value scripts, ../shared/peer)
 # Environment: MLLM_VENV (default <repo>/.venv), MLLM_TORCH_VERSION (default 2.11.0),
-# MLLM_PYARROW_VERSION (default 26.0.1), MLLM_TENSORBOARD_VERSION (default 2.21.0), PYTHON.
+# MLLM_PYARROW_VERSION (default 26.0.1), MLLM_TENSORBOARD_VERSION (default 2.21.0),
+# MLLM_CMAKE4_VERSION (default 4.4.5), PYTHON.
 set -euo pipefail
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -25,6 +26,7 @@ VENV="${MLLM_VENV:-$ROOT/.venv}"
 TORCH_VERSION="${MLLM_TORCH_VERSION:-2.11.0}"
 PYARROW_VERSION="${MLLM_PYARROW_VERSION:-26.0.1}"
 TENSORBOARD_VERSION="${MLLM_TENSORBOARD_VERSION:-2.21.0}"
+CMAKE4_VERSION="${MLLM_CMAKE4_VERSION:-4.4.5}"
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -106,6 +108,19 @@ PY
 then
   echo "install-deps.sh: pip install tensorboard==$TENSORBOARD_VERSION into $VENV"
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "tensorboard==$TENSORBOARD_VERSION"
+fi
+# CMake 4 from PyPI, the major version on the GPU machines (their image has 4.4 from pip, where
+# Debian 12 has 3.25): launch.gpu_configure configures the GPU build with it, so that a CMake 4
+# failure shows here before a GPU session's minutes are spent on it. Not on PATH; the build uses
+# the system's CMake.
+if ! "$VENV/bin/python3" - "$CMAKE4_VERSION" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+sys.exit(version("cmake") != sys.argv[1])
+PY
+then
+  echo "install-deps.sh: pip install cmake==$CMAKE4_VERSION into $VENV"
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "cmake==$CMAKE4_VERSION"
 fi
 if [ "$DEV" -eq 1 ]; then
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir numpy
