@@ -4,12 +4,14 @@
 // mllm::softmax_dropout, a bf16 matmul, the copy back to [batch, seq, d_model]), on the same
 // inputs, interleaved. Prints the median milliseconds of each and their ratio.
 // Run: mllm_bench_attention [batch=8] [seq=256] [heads=8] [head_dim=64] [kv_heads=heads]
-//      [p=0.1] [iters=20]  (threads: OMP_NUM_THREADS)
+//      [p=0.1] [iters=20]  (threads: OMP_NUM_THREADS; MLLM_BENCH_FUSED_ONLY=1 runs only the fused
+//      kernel, for a profiler)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "mllm/model/cpu_attention.h"
@@ -75,16 +77,18 @@ int main(int argc, char** argv) {
     torch::Tensor out = torch::matmul(attn, v).transpose(1, 2).reshape({b, t, h * hd});
     out.backward(grad);
   };
+  const char* only = std::getenv("MLLM_BENCH_FUSED_ONLY");
+  const bool fused_only = only != nullptr && std::string(only) == "1";
   for (int i = 0; i < 3; ++i) {
     fused();
-    unfused();
+    if (!fused_only) unfused();
   }
   std::vector<double> tf, tu;
   for (int64_t i = 0; i < iters; ++i) {
     auto t0 = Clock::now();
     fused();
     auto t1 = Clock::now();
-    unfused();
+    if (!fused_only) unfused();
     auto t2 = Clock::now();
     tf.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     tu.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());

@@ -167,14 +167,20 @@ void softmax_dropout_grad_rows(float* __restrict g, const uint16_t* __restrict y
   }
 }
 
-// dst[r * ld + c] = bf16(src[r * cols + c]) for rows x cols float32 (round to nearest even).
+// dst[r * ld + c] = bf16(src[r * cols + c]) for rows x cols float32 (round to nearest even, c10's
+// round_to_nearest_even bit for bit), 16 columns at a time.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void round_rows(const float* __restrict src, int64_t rows, int64_t cols, uint16_t* __restrict dst,
                 int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[r * ld + c] = round_to_nearest_even(src[r * cols + c]);
+  const int64_t vcols = cols / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* sr = src + r * cols;
+    uint16_t* dr = dst + r * ld;
+    for (int64_t c = 0; c < vcols; c += kLanes) store(dr + c, to_bf16(load<Floats>(sr + c)));
+    for (int64_t c = vcols; c < cols; ++c) dr[c] = round_to_nearest_even(sr[c]);
+  }
 }
 
 // A [batch, len, heads, head_dim] bf16 tensor as the products read it: head h of batch b is the
@@ -340,12 +346,25 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
     const torch::Tensor& yd = saved[6];
     const Problem pb = problem_of(qk, kk, rows, ctx->saved_data["scale"].toDouble());
     const torch::Tensor d_out = grads[0].to(torch::kBFloat16).contiguous();
-    torch::Tensor dq = torch::empty(qk.sizes(), y.options());
-    torch::Tensor dk = torch::empty(kk.sizes(), y.options());
-    torch::Tensor dv = torch::empty(vk.sizes(), y.options());
-    const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
     const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
-    const int64_t ld_out = pb.heads * hd, ld_kv = pb.kv_heads * hd;
+    // dq, dk and dv side by side in one [batch, seq, heads + 2 kv_heads, head_dim] buffer (where
+    // keys == seq), in the order of q/k/v as mllm::linears splits them: the Q/K/V product's
+    // backward then reads them as one matrix without concatenating them (bf16_linear.cpp).
+    torch::Tensor dq, dk, dv;
+    if (keys == t) {
+      const torch::Tensor dqkv =
+          torch::empty({pb.batch, t, pb.heads + 2 * pb.kv_heads, hd}, y.options());
+      dq = dqkv.narrow(2, 0, pb.heads);
+      dk = dqkv.narrow(2, pb.heads, pb.kv_heads);
+      dv = dqkv.narrow(2, pb.heads + pb.kv_heads, pb.kv_heads);
+    } else {
+      dq = torch::empty(qk.sizes(), y.options());
+      dk = torch::empty(kk.sizes(), y.options());
+      dv = torch::empty(vk.sizes(), y.options());
+    }
+    const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+    // Row strides (elements) of d_out and of the gradients' rows ([batch * seq or keys, ...]).
+    const int64_t ld_out = pb.heads * hd, ld_dq = dq.stride(1), ld_dkv = dk.stride(1);
     const int mk = to_int(keys), mh = to_int(hd), mo = to_int(ld_out), ldq = to_int(q.ld),
               ldk = to_int(k.ld), ldv = to_int(v.ld);
     const auto* go = reinterpret_cast<const uint16_t*>(d_out.const_data_ptr());
@@ -388,10 +407,10 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
             gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, 1.0f, yd_b, mk,
                  go_b, mo, 1.0f, dvf.data(), mh);
           }
-          round_rows(dqf.data(), t, hd, dq_p + b * t * ld_out + h * hd, ld_out);
+          round_rows(dqf.data(), t, hd, dq_p + b * dq.stride(0) + h * hd, ld_dq);
         }
-        round_rows(dkf.data(), keys, hd, dk_p + b * keys * ld_kv + kh * hd, ld_kv);
-        round_rows(dvf.data(), keys, hd, dv_p + b * keys * ld_kv + kh * hd, ld_kv);
+        round_rows(dkf.data(), keys, hd, dk_p + b * dk.stride(0) + kh * hd, ld_dkv);
+        round_rows(dvf.data(), keys, hd, dv_p + b * dv.stride(0) + kh * hd, ld_dkv);
       }
     });
     return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};

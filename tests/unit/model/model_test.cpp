@@ -682,6 +682,88 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
   EXPECT_THROW(bf16_autocast_linears(x, {a->weight, c->weight}, {}), Error);
 }
 
+// Counts the calls of one ATen operator (by its profiler name, e.g. "aten::cat") while alive.
+class OpCounter {
+ public:
+  explicit OpCounter(std::string name) : name_(std::move(name)) {
+    active_ = this;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              if (active_->name_ == fn.name()) ++active_->count_;
+              return nullptr;
+            })
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+  OpCounter(const OpCounter&) = delete;
+  OpCounter& operator=(const OpCounter&) = delete;
+  ~OpCounter() {
+    at::removeCallback(handle_);
+    active_ = nullptr;
+  }
+  int count() const { return count_; }
+
+ private:
+  static inline OpCounter* active_ = nullptr;
+  std::string name_;
+  int count_ = 0;
+  at::CallbackHandle handle_;
+};
+
+// linears' backward reads its outputs' gradients as one matrix where they lie side by side in one
+// buffer, in order (as the fused CPU attention's backward leaves dq, dk and dv): no concatenation,
+// and every gradient (x's, the weights', the biases') equal bit for bit to the same backward
+// given each output's gradient as its own contiguous tensor. Gradients in one buffer but out of
+// order, or with a gap between them, are concatenated and give the same values.
+TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
+  torch::manual_seed(14);
+  const std::vector<int64_t> outs{48, 16, 16};
+  std::vector<torch::nn::Linear> layers;
+  for (int64_t out : outs) layers.emplace_back(torch::nn::LinearOptions(32, out));
+  const auto x0 = torch::randn({2, 10, 32});
+  const auto buffer = torch::randn({2, 10, 96}).to(torch::kBFloat16);
+  // grads(layout): the outputs' gradients as views of `buffer` (0: in order; 1: in a wider buffer
+  // with a gap after the first; 2: the same values as 0, each a contiguous copy).
+  const auto wide = torch::cat({buffer.narrow(2, 0, 48), torch::zeros({2, 10, 8}, torch::kBFloat16),
+                                buffer.narrow(2, 48, 32)}, 2);
+  auto grads = [&](int layout) {
+    std::vector<torch::Tensor> g;
+    for (int64_t i = 0, col = 0; i < 3; col += outs[i], ++i) {
+      if (layout == 1) g.push_back(wide.narrow(2, col + (i > 0 ? 8 : 0), outs[i]));
+      else g.push_back(buffer.narrow(2, col, outs[i]));
+      if (layout == 2) g.back() = g.back().contiguous();
+    }
+    return g;
+  };
+  auto run = [&](int layout, int* cats) {
+    for (auto& l : layers) l->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> y;
+    {
+      CpuBf16Autocast autocast;
+      y = linears(layers, x);
+    }
+    OpCounter cat("aten::cat");
+    torch::autograd::backward(y, grads(layout));
+    *cats = cat.count();
+    std::vector<torch::Tensor> r{x.grad()};
+    for (auto& l : layers) {
+      r.push_back(l->weight.grad());
+      r.push_back(l->bias.grad());
+    }
+    return r;
+  };
+  int cats_adjacent = -1, cats_gap = -1, cats_copies = -1;
+  const auto adjacent = run(0, &cats_adjacent), gap = run(1, &cats_gap), copies = run(2, &cats_copies);
+  EXPECT_EQ(cats_adjacent, 0);
+  EXPECT_GE(cats_gap, 1);
+  EXPECT_GE(cats_copies, 1);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    EXPECT_TRUE(torch::equal(adjacent[i], copies[i])) << i;
+    EXPECT_TRUE(torch::equal(gap[i], copies[i])) << i;
+  }
+}
+
 // ReLU's gradient on bit patterns against PyTorch's threshold_backward(g, y, 0), for every one of
 // the 65,536 bf16 values of y (zeros of both signs, subnormals, infinities, NaNs of both signs),
 // with a non-contiguous g, and on a length that is not a multiple of any vector width.
