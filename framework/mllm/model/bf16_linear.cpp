@@ -118,16 +118,43 @@ torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
   return y.is_view() ? at::_unsafe_view(y, y.sizes()) : y;
 }
 
+// dx [rows, in] float32 = g [rows, out] bf16 @ w16 [out, in] bf16 through oneMKL's
+// cblas_gemm_bf16bf16f32 (accumulated and returned in float32, not rounded to bf16), or an
+// undefined tensor where that GEMM is not in use or a size or stride exceeds its int.
+torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w16) {
+  const GemmBf16Bf16F32 gemm = mkl_gemm();
+  const torch::Tensor w = w16.contiguous();
+  const int64_t rows = g.size(0), out = g.size(1), in = w.size(1);
+  if (gemm == nullptr || g.stride(1) != 1 || g.stride(0) < out || rows > INT_MAX ||
+      out > INT_MAX || in > INT_MAX || g.stride(0) > INT_MAX)
+    return {};
+  torch::Tensor dx = torch::empty({rows, in}, g.options().dtype(torch::kFloat));
+  if (rows == 0 || in == 0) return dx;
+  if (out == 0) return dx.zero_();
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({g, w}));
+  gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows),
+       static_cast<int>(in), static_cast<int>(out), 1.0f, g.const_data_ptr(),
+       static_cast<int>(g.stride(0)), w.const_data_ptr(), static_cast<int>(in), 0.0f,
+       dx.data_ptr<float>(), static_cast<int>(in));
+  return dx;
+}
+
 // The gradients of y = x16 @ w16^T (+ b) from g [rows, out] bf16, each only when asked for:
-// dx [x16's shape] in x_dtype (ATen's bf16 mm, cast), dw [out, in] float32
-// (weight_grad_float32), db [out] float32 (bias_grad_float32). Undefined when not asked for.
+// dx [x16's shape] in x_dtype (for a float32 x, input_grad_float32 where oneMKL's bf16 GEMM is
+// in use: a float32 product, no bf16 rounding and no cast; else ATen's bf16 mm, cast),
+// dw [out, in] float32 (weight_grad_float32), db [out] float32 (bias_grad_float32). Undefined
+// when not asked for.
 struct LinearGrads {
   torch::Tensor dx, dw, db;
 };
 LinearGrads linear_grads(const torch::Tensor& g, const torch::Tensor& x16, const torch::Tensor& w16,
                          torch::ScalarType x_dtype, bool need_dx, bool need_dw, bool need_db) {
   LinearGrads r;
-  if (need_dx) r.dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+  if (need_dx && x_dtype == torch::kFloat && g.is_cpu()) r.dx = input_grad_float32(g, w16);
+  if (r.dx.defined())
+    r.dx = r.dx.view(x16.sizes());
+  else if (need_dx)
+    r.dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
   if (need_dw) r.dw = weight_grad_float32(g, x16.reshape({g.size(0), w16.size(1)}).contiguous());
   if (need_db) r.db = bias_grad_float32(g);
   return r;

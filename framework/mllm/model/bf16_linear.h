@@ -15,8 +15,12 @@
 // accumulator, without addmm's copy of the broadcast bias into the output and without a
 // separate ReLU pass), else ATen's linear. One exception: oneDNN's ReLU maps a NaN
 // pre-activation to 0 where torch::relu keeps the NaN (a NaN there comes from a NaN in x, which
-// the residual stream also carries to the loss). The input gradient is ATen's bf16 mm, as
-// before; the bias gradient a float32 sum from oneMKL.
+// the residual stream also carries to the loss). The input gradient of a float32 input (the
+// residual stream's LayerNorm / RMSNorm output) is oneMKL's product too, returned in float32
+// (not rounded to bf16, no cast; 6-17% faster than ATen's bf16 mm at the small shape's Q/K/V,
+// feed-forward and head products on an AMX Xeon, bench/README.md); that of a bf16 input is
+// ATen's bf16 mm, as before. The bias gradient is a
+// float32 sum from oneMKL.
 #pragma once
 
 #include <torch/torch.h>
@@ -77,7 +81,8 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
 // Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
-// x's dtype (ATen's bf16 mm), the weight gradient in float32 (weight_grad_float32), the bias
+// x's dtype (float32 x: oneMKL's float32 product where bf16_weight_grad_uses_mkl(), else ATen's
+// bf16 mm cast; bf16 x: ATen's bf16 mm), the weight gradient in float32 (weight_grad_float32), the bias
 // gradient in float32 (bias_grad_float32). The output is saved for the backward with `relu`:
 // modifying it in place then makes the backward throw (autograd's version check). Requires grad
 // mode and CPU tensors; throws mllm::Error otherwise.
@@ -90,9 +95,11 @@ torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& 
 // tensor (not to be modified in place: autograd forbids it for views made in a custom Function).
 // A layer whose output no loss reads gets zero gradients (not undefined ones).
 // x is cast to bf16 once. Backward: one input-gradient product over the outputs' gradients side
-// by side — the layers' input gradients summed inside the GEMM in float32, rounded to bf16 once,
-// then cast to x's dtype — and one float32 weight-gradient product and one bias sum, split back
-// to the layers (weight_grad_float32, bias_grad_float32). Throws mllm::Error outside grad mode,
+// by side (read in place where they already lie so in one buffer, as the fused CPU attention
+// leaves dq, dk, dv; else concatenated) — the layers' input gradients summed inside the GEMM in
+// float32, returned in float32 for a float32 x as bf16_autocast_linear does, else rounded to
+// bf16 once — and one float32 weight-gradient product and one bias sum, split back to the
+// layers (weight_grad_float32, bias_grad_float32). Throws mllm::Error outside grad mode,
 // for non-CPU tensors, differing in-features, a bias count other than 0 or weights.size(), or a
 // bias that is not [out_i].
 std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
