@@ -120,7 +120,8 @@ sys.exit(version("cmake") != sys.argv[1])
 PY
 then
   echo "install-deps.sh: pip install cmake==$CMAKE4_VERSION into $VENV"
-  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir "cmake==$CMAKE4_VERSION"
+  "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    "cmake==$CMAKE4_VERSION"
 fi
 if [ "$DEV" -eq 1 ]; then
   "$VENV/bin/python3" -m pip install -q --disable-pip-version-check --no-cache-dir numpy

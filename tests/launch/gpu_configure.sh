@@ -9,6 +9,7 @@ CMAKE4=${MLLM_CMAKE4:-$MLLM_SOURCE_DIR/.venv/bin/cmake}
 [ -x "$CMAKE4" ] || { echo "skip: no CMake 4 at $CMAKE4 (launch/install-deps.sh)"; exit 77; }
 major=$("$CMAKE4" --version | sed -n 's/^cmake version \([0-9]*\)\..*/\1/p')
 [ "${major:-0}" -ge 4 ] || { echo "skip: $CMAKE4 is CMake $major, not 4"; exit 77; }
+version=$("$CMAKE4" --version | sed -n 's/^cmake version //p')
 : "${MLLM_TORCH_PYTHON:?set by ctest: the Python holding the torch we link}"
 cuda=$("$MLLM_TORCH_PYTHON" -c 'import torch; print(torch.version.cuda or "")')
 [ -n "$cuda" ] || { echo "skip: LibTorch here has no CUDA"; exit 77; }
@@ -18,8 +19,8 @@ if ! "$CMAKE4" -S "$MLLM_SOURCE_DIR" -B "$WORK/build" "${gen[@]}" -DCMAKE_BUILD_
      -DMLLM_PYTHON="$MLLM_TORCH_PYTHON" -DMLLM_WITH_NCCL=ON -DMLLM_GPU_TESTS=ON \
      -DMLLM_NCCL_TEST_NP=1 -DMLLM_BUILD_BENCH=OFF > "$WORK/configure.log" 2>&1; then
   grep -n -A4 'Error' "$WORK/configure.log" | head -40
-  fail "CMake $("$CMAKE4" --version | head -1 | cut -d' ' -f3) could not configure the GPU build (CUDA $cuda LibTorch)"
+  fail "CMake $version could not configure the GPU build (CUDA $cuda LibTorch)"
 fi
 grep -q 'mllm_nccl_tests' "$WORK/build/build.ninja" "$WORK/build/Makefile" 2>/dev/null ||
   fail "the configured GPU build has no mllm_nccl_tests target"
-echo "CMake $("$CMAKE4" --version | head -1 | cut -d' ' -f3) configures the GPU build (CUDA $cuda LibTorch, NCCL, GPU tests)"
+echo "CMake $version configures the GPU build (CUDA $cuda LibTorch, NCCL, GPU tests)"

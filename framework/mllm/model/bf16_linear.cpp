@@ -219,7 +219,8 @@ torch::Tensor side_by_side(const std::vector<torch::Tensor>& parts) {
                p.storage_offset() == first.storage_offset() + cols;
     cols += p.size(1);
   }
-  if (adjacent && first.stride(0) >= cols) return first.as_strided({rows, cols}, {first.stride(0), 1});
+  if (adjacent && first.stride(0) >= cols)
+    return first.as_strided({rows, cols}, {first.stride(0), 1});
   return at::cat(parts, 1);
 }
 

@@ -363,8 +363,9 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
       dv = torch::empty(vk.sizes(), y.options());
     }
     const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
-    // Row strides (elements) of d_out and of the gradients' rows ([batch * seq or keys, ...]).
+    // Row and batch strides (elements) of d_out and of the gradients.
     const int64_t ld_out = pb.heads * hd, ld_dq = dq.stride(1), ld_dkv = dk.stride(1);
+    const int64_t dq_batch = dq.stride(0), dkv_batch = dk.stride(0);
     const int mk = to_int(keys), mh = to_int(hd), mo = to_int(ld_out), ldq = to_int(q.ld),
               ldk = to_int(k.ld), ldv = to_int(v.ld);
     const auto* go = reinterpret_cast<const uint16_t*>(d_out.const_data_ptr());
@@ -407,10 +408,10 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
             gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, 1.0f, yd_b, mk,
                  go_b, mo, 1.0f, dvf.data(), mh);
           }
-          round_rows(dqf.data(), t, hd, dq_p + b * dq.stride(0) + h * hd, ld_dq);
+          round_rows(dqf.data(), t, hd, dq_p + b * dq_batch + h * hd, ld_dq);
         }
-        round_rows(dkf.data(), keys, hd, dk_p + b * dk.stride(0) + kh * hd, ld_dkv);
-        round_rows(dvf.data(), keys, hd, dv_p + b * dv.stride(0) + kh * hd, ld_dkv);
+        round_rows(dkf.data(), keys, hd, dk_p + b * dkv_batch + kh * hd, ld_dkv);
+        round_rows(dvf.data(), keys, hd, dv_p + b * dkv_batch + kh * hd, ld_dkv);
       }
     });
     return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};

@@ -488,7 +488,8 @@ torch::Tensor float32_gemm_bound(const torch::Tensor& abs_terms_sum, int64_t n) 
 // result where oneMKL is used (bf16_weight_grad_uses_mkl), or ATen's bf16 product otherwise; the
 // input gradient of a float32 x likewise a float32 product where oneMKL is used (within Higham's
 // bound, most elements not bf16 values), else the bf16 product cast to float32; the bias
-// gradient a float32 sum; two micro-batches accumulate. References: float64 products of the bf16-rounded operands.
+// gradient a float32 sum; two micro-batches accumulate. References: float64 products of the
+// bf16-rounded operands.
 TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
   torch::manual_seed(2);
   torch::nn::Linear layer(64, 32);
@@ -518,12 +519,15 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
       // dx: oneMKL's float32 product (32 terms), not rounded to bf16.
       const auto dx_bound =
           float32_gemm_bound(g2.abs().mm(bf(layer->weight.detach()).abs()), 32).view({3, 50, 64});
-      EXPECT_TRUE(dx_err.le(dx_bound).all().item<bool>()) << "max error " << dx_err.max().item<double>();
+      EXPECT_TRUE(dx_err.le(dx_bound).all().item<bool>())
+          << "max error " << dx_err.max().item<double>();
       const auto& dx = x.grad();
-      EXPECT_GT(dx.ne(dx.to(torch::kBFloat16).to(torch::kFloat)).sum().item<int64_t>(), 150 * 64 * 9 / 10);
+      EXPECT_GT(dx.ne(dx.to(torch::kBFloat16).to(torch::kFloat)).sum().item<int64_t>(),
+                150 * 64 * 9 / 10);
     } else {
       // dx: the bf16 product, rounded once to bf16 (relative 2^-8 with margin).
-      EXPECT_LE(dx_err.max().item<double>(), std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
+      EXPECT_LE(dx_err.max().item<double>(),
+                std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
     }
   }
   }
@@ -631,8 +635,9 @@ TEST(Linear, ReluFusedEqualsReluOfLinear) {
 // is the same dot product), with and without biases and with differing widths (grouped K/V).
 // Gradients against float64 references of the bf16-rounded operands: weights and biases within
 // Higham's float32 bound (oneMKL) or a bf16 rounding; x's gradient, the sum over the layers,
-// within Higham's bound for the whole product (oneMKL) or one bf16 rounding of the sum. An output that no loss reads gets zero gradient. Without
-// autocast: the layers' float32 linear, exactly.
+// within Higham's bound for the whole product (oneMKL) or one bf16 rounding of the sum. An
+// output that no loss reads gets zero gradient. Without autocast: the layers' float32 linear,
+// exactly.
 TEST(Linear, FusedLinearsEqualSeparateLinears) {
   torch::manual_seed(10);
   const auto bf = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
@@ -690,7 +695,8 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
       EXPECT_TRUE(dx_err.le(float32_gemm_bound(terms, 80)).all().item<bool>())
           << "max error " << dx_err.max().item<double>();
     } else {
-      EXPECT_LE(dx_err.max().item<double>(), std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
+      EXPECT_LE(dx_err.max().item<double>(),
+                std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
     }
   }
   // Direct calls: a bias count other than 0 or one per weight, differing in-features.
@@ -773,7 +779,8 @@ TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
     return r;
   };
   int cats_adjacent = -1, cats_gap = -1, cats_copies = -1;
-  const auto adjacent = run(0, &cats_adjacent), gap = run(1, &cats_gap), copies = run(2, &cats_copies);
+  const auto adjacent = run(0, &cats_adjacent), gap = run(1, &cats_gap),
+             copies = run(2, &cats_copies);
   EXPECT_EQ(cats_adjacent, 0);
   EXPECT_GE(cats_gap, 1);
   EXPECT_GE(cats_copies, 1);
