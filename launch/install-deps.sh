@@ -10,7 +10,7 @@
 # MLLM_CMAKE4_VERSION (default 4.4.5), PYTHON.
 set -euo pipefail
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 DEV=0
 for arg in "$@"; do
   case "$arg" in

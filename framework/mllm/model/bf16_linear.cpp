@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -120,13 +121,16 @@ torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
 
 // dx [rows, in] float32 = g [rows, out] bf16 @ w16 [out, in] bf16 through oneMKL's
 // cblas_gemm_bf16bf16f32 (accumulated and returned in float32, not rounded to bf16), or an
-// undefined tensor where that GEMM is not in use or a size or stride exceeds its int.
+// undefined tensor where that GEMM is not in use, g's columns are not dense, or a size or
+// stride exceeds its int (the caller then takes ATen's path).
 torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w16) {
   const GemmBf16Bf16F32 gemm = mkl_gemm();
   const torch::Tensor w = w16.contiguous();
   const int64_t rows = g.size(0), out = g.size(1), in = w.size(1);
-  if (gemm == nullptr || g.stride(1) != 1 || g.stride(0) < out || rows > INT_MAX ||
-      out > INT_MAX || in > INT_MAX || g.stride(0) > INT_MAX)
+  // (A single row's stride is arbitrary: its leading dimension is then out.)
+  const int64_t lda = rows == 1 ? std::max<int64_t>(out, 1) : g.stride(0);
+  if (gemm == nullptr || (out > 1 && g.stride(1) != 1) || lda < out || rows > INT_MAX ||
+      out > INT_MAX || in > INT_MAX || lda > INT_MAX)
     return {};
   torch::Tensor dx = torch::empty({rows, in}, g.options().dtype(torch::kFloat));
   if (rows == 0 || in == 0) return dx;
@@ -134,7 +138,7 @@ torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w1
   RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({g, w}));
   gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows),
        static_cast<int>(in), static_cast<int>(out), 1.0f, g.const_data_ptr(),
-       static_cast<int>(g.stride(0)), w.const_data_ptr(), static_cast<int>(in), 0.0f,
+       static_cast<int>(lda), w.const_data_ptr(), static_cast<int>(in), 0.0f,
        dx.data_ptr<float>(), static_cast<int>(in));
   return dx;
 }
@@ -227,10 +231,11 @@ torch::Tensor side_by_side(const std::vector<torch::Tensor>& parts) {
 // Several linear layers reading the same x as one: weights [out_i, in] concatenated to
 // [sum out_i, in] (w16, bf16), biases likewise (b16), one product, outputs split off the last
 // dimension (views of one [..., sum out_i] tensor). Backward: the outputs' gradients side by
-// side ([rows, sum out_i], zeros for an unused output), one input-gradient product (the sum of
-// the layers' input gradients, accumulated inside the GEMM in float32 and rounded once to bf16,
-// instead of one rounded product per layer summed afterwards), one float32 weight-gradient
-// product and one bias sum, split back to the layers.
+// side ([rows, sum out_i], zeros for an unused output; side_by_side: read in place where they
+// already lie so), one input-gradient product (the sum of the layers' input gradients,
+// accumulated inside the GEMM in float32: kept in float32 for a float32 x where oneMKL's GEMM
+// is in use, else rounded once to bf16, instead of one rounded product per layer summed
+// afterwards), one float32 weight-gradient product and one bias sum, split back to the layers.
 class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,

@@ -169,6 +169,46 @@ TEST(CpuAttention, ValuesAndGradientsAgainstFloat64) {
   }
 }
 
+// More keys than queries (a prefix of 16 keys before the t queries, each query seeing the prefix
+// and the keys up to its own position; grouped key/value heads; with and without dropout):
+// output and gradients against float64 within 2^-6 of each one's largest magnitude, and the
+// gradients are plain contiguous tensors (the shared dq/dk/dv buffer is for keys == seq only).
+TEST(CpuAttention, MoreKeysThanQueries) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const int64_t b = 2, t = 20, keys = 36, h = 4, kvh = 2, hd = 8;
+  const auto mask = torch::ones({t, keys}, torch::kBool).triu(keys - t + 1).view({1, 1, t, keys});
+  for (double p : {0.0, 0.2}) {
+    SCOPED_TRACE(::testing::Message() << "p " << p);
+    torch::manual_seed(21);
+    const auto q0 = torch::randn({b, t, h, hd}).to(torch::kBFloat16);
+    const auto k0 = torch::randn({b, keys, kvh, hd}).to(torch::kBFloat16);
+    const auto v0 = torch::randn({b, keys, kvh, hd}).to(torch::kBFloat16);
+    const auto g = torch::randn({b, t, h * hd}).to(torch::kBFloat16);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+         v = v0.clone().requires_grad_(true);
+    torch::manual_seed(17);
+    const auto out = cpu_attention_bf16(q, k, v, mask, scale, p, /*training=*/true);
+    out.backward(g);
+    torch::manual_seed(17);
+    const auto keep = mllm::dropout(torch::ones({b, h, t, keys}, torch::kDouble), p, true);
+    auto qd = q0.to(torch::kDouble).requires_grad_(true),
+         kd = k0.to(torch::kDouble).requires_grad_(true),
+         vd = v0.to(torch::kDouble).requires_grad_(true);
+    const auto ref = reference(qd, kd, vd, mask, keep, scale);
+    ref.backward(g.to(torch::kDouble));
+    const torch::Tensor got[] = {out.detach(), q.grad(), k.grad(), v.grad()};
+    const torch::Tensor want[] = {ref.detach(), qd.grad(), kd.grad(), vd.grad()};
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(i);
+      const double largest = want[i].abs().max().item<double>();
+      const auto tol = torch::full_like(want[i], largest * std::ldexp(1.0, -6));
+      EXPECT_TRUE(within(got[i], want[i], tol));
+      if (i > 0) EXPECT_TRUE(got[i].is_contiguous());
+    }
+  }
+}
+
 // The dropped probabilities are mllm::dropout's, element for element: with v the identity
 // (keys = head_dim) the output is the probabilities themselves, exactly (one term per sum), so
 // the output with dropout must equal keep ? bf16(P * 1 / (1 - p)) : 0 for the output P without

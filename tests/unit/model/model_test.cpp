@@ -13,6 +13,7 @@
 #include "mllm/core/error.h"
 #include "mllm/model/attention.h"
 #include "mllm/model/bf16_linear.h"
+#include "mllm/model/cpu_attention.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -688,7 +689,8 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
     ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
     const auto dx_err = (x.grad().to(torch::kDouble).reshape({60, 32}) - want_dx).abs();
     if (bf16_weight_grad_uses_mkl()) {
-      // One float32 product over the gradients side by side (64 terms), not rounded to bf16.
+      // One float32 product over the gradients side by side (80 terms, output 1's zeros
+      // included), not rounded to bf16.
       auto terms = torch::zeros({60, 32}, torch::kDouble);
       for (size_t i : {0u, 2u})
         terms += bf(g[i]).reshape({60, -1}).abs().mm(bf(layers[i]->weight.detach()).abs());
@@ -738,38 +740,35 @@ class OpCounter {
 // linears' backward reads its outputs' gradients as one matrix where they lie side by side in one
 // buffer, in order (as the fused CPU attention's backward leaves dq, dk and dv): no concatenation,
 // and every gradient (x's, the weights', the biases') equal bit for bit to the same backward
-// given each output's gradient as its own contiguous tensor. Gradients in one buffer but out of
-// order, or with a gap between them, are concatenated and give the same values.
+// given each output's gradient as its own contiguous copy. Gradients in one buffer but out of
+// order, or with a gap between them, are concatenated, with the same values as their copies.
+// (Only where linears is one fused product: oneMKL's bf16 GEMM in use.)
 TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
+  if (!bf16_weight_grad_uses_mkl())
+    GTEST_SKIP() << "linears is not fused here (no oneMKL bf16 GEMM)";
   torch::manual_seed(14);
   const std::vector<int64_t> outs{48, 16, 16};
   std::vector<torch::nn::Linear> layers;
   for (int64_t out : outs) layers.emplace_back(torch::nn::LinearOptions(32, out));
   const auto x0 = torch::randn({2, 10, 32});
-  const auto buffer = torch::randn({2, 10, 96}).to(torch::kBFloat16);
-  // grads(layout): the outputs' gradients as views of `buffer` (0: in order; 1: in a wider buffer
-  // with a gap after the first; 2: the same values as 0, each a contiguous copy).
-  const auto wide = torch::cat({buffer.narrow(2, 0, 48), torch::zeros({2, 10, 8}, torch::kBFloat16),
-                                buffer.narrow(2, 48, 32)}, 2);
-  auto grads = [&](int layout) {
-    std::vector<torch::Tensor> g;
-    for (int64_t i = 0, col = 0; i < 3; col += outs[i], ++i) {
-      if (layout == 1) g.push_back(wide.narrow(2, col + (i > 0 ? 8 : 0), outs[i]));
-      else g.push_back(buffer.narrow(2, col, outs[i]));
-      if (layout == 2) g.back() = g.back().contiguous();
-    }
-    return g;
-  };
-  auto run = [&](int layout, int* cats) {
+  const auto buffer = torch::randn({2, 10, 88}).to(torch::kBFloat16);
+  // Where output i's gradient starts in `buffer`: in order, in order with a gap of 8 after the
+  // first, out of order (the second first).
+  const std::vector<std::vector<int64_t>> layouts{{0, 48, 64}, {0, 56, 72}, {16, 0, 64}};
+  auto run = [&](const std::vector<int64_t>& start, bool copies, int* cats) {
     for (auto& l : layers) l->zero_grad();
     auto x = x0.clone().requires_grad_(true);
-    std::vector<torch::Tensor> y;
+    std::vector<torch::Tensor> y, g;
     {
       CpuBf16Autocast autocast;
       y = linears(layers, x);
     }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      g.push_back(buffer.narrow(2, start[i], outs[i]));
+      if (copies) g.back() = g.back().contiguous();
+    }
     OpCounter cat("aten::cat");
-    torch::autograd::backward(y, grads(layout));
+    torch::autograd::backward(y, g);
     *cats = cat.count();
     std::vector<torch::Tensor> r{x.grad()};
     for (auto& l : layers) {
@@ -778,15 +777,13 @@ TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
     }
     return r;
   };
-  int cats_adjacent = -1, cats_gap = -1, cats_copies = -1;
-  const auto adjacent = run(0, &cats_adjacent), gap = run(1, &cats_gap),
-             copies = run(2, &cats_copies);
-  EXPECT_EQ(cats_adjacent, 0);
-  EXPECT_GE(cats_gap, 1);
-  EXPECT_GE(cats_copies, 1);
-  for (size_t i = 0; i < copies.size(); ++i) {
-    EXPECT_TRUE(torch::equal(adjacent[i], copies[i])) << i;
-    EXPECT_TRUE(torch::equal(gap[i], copies[i])) << i;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    int cats = -1, copy_cats = -1;
+    const auto got = run(layouts[k], false, &cats), want = run(layouts[k], true, &copy_cats);
+    EXPECT_EQ(cats, k == 0 ? 0 : 1) << "layout " << k;
+    EXPECT_EQ(copy_cats, 1) << "layout " << k;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(torch::equal(got[i], want[i])) << "layout " << k << " gradient " << i;
   }
 }
 
@@ -888,6 +885,39 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
   padded.index_put_({0, 0, 4, 0}, true);  // query 4 of row 0 no longer sees key 0
   auto x = torch::randn({b, t, o.d_model});
   EXPECT_TRUE(torch::equal(attn->forward(x, padded, nullptr, 0), reference(x, padded)));
+  }
+}
+
+// In training under CPU bf16 autocast with the fused attention (no rotary embedding between the
+// Q/K/V product and the attention), the backward pass reads dq, dk and dv where the attention
+// left them: no concatenation anywhere in it (before, one per layer call), for multi-head and
+// grouped key/value heads. The values of that path are checked by
+// Linear.FusedLinearsReadAdjacentGradientsWithoutCopy and the CpuAttention tests.
+TEST(AttentionImpl, FusedBf16BackwardCopiesNoQkvGradients) {
+  if (!cpu_attention_bf16_available()) GTEST_SKIP() << "no fused CPU bf16 attention here";
+  for (const int64_t kvh : {4, 2}) {
+    torch::manual_seed(8);
+    AttentionOptions o;
+    o.d_model = 64;
+    o.n_heads = 4;
+    o.n_kv_heads = kvh;
+    o.attn_dropout = 0.1;
+    Attention attn(o);
+    attn->train();
+    const int64_t b = 2, t = 24;
+    auto x = torch::randn({b, t, o.d_model}, torch::requires_grad());
+    const auto blocked = attention_mask(torch::zeros({b, t}, torch::kBool), t, 0, /*sdpa=*/false);
+    torch::Tensor y;
+    {
+      CpuBf16Autocast autocast;
+      y = attn->forward(x, blocked, nullptr, 0);
+    }
+    OpCounter cat("aten::cat");
+    y.to(torch::kFloat).square().sum().backward();
+    EXPECT_EQ(cat.count(), 0) << "kv heads " << kvh;
+    for (const auto* w : {&attn->q_proj->weight, &attn->k_proj->weight, &attn->v_proj->weight})
+      EXPECT_TRUE(w->grad().defined() && w->grad().isfinite().all().item<bool>() &&
+                  w->grad().abs().sum().item<double>() > 0);
   }
 }
 
