@@ -360,32 +360,37 @@ torch::autograd::Node* node_feeding(const torch::Tensor& out, const torch::Tenso
   return nullptr;
 }
 
-// Counts the casts of a tensor of `shape` to another dtype (aten::_to_copy calls) while alive.
-class CastCounter {
+// Counts the calls of one ATen operator (its profiler name: "aten::cat") while alive; with
+// `shape`, only calls whose first input is a tensor of that shape. One counter at a time.
+class OpCounter {
  public:
-  explicit CastCounter(std::vector<int64_t> shape) : shape_(std::move(shape)) {
+  explicit OpCounter(std::string name, std::vector<int64_t> shape = {})
+      : name_(std::move(name)), shape_(std::move(shape)) {
     active_ = this;
     handle_ = at::addGlobalCallback(
         at::RecordFunctionCallback(
             [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              if (std::string(fn.name()) == "aten::_to_copy" && !fn.inputs().empty() &&
-                  fn.inputs()[0].isTensor() && fn.inputs()[0].toTensor().sizes() == active_->shape_)
+              const OpCounter& c = *active_;
+              if (c.name_ == fn.name() &&
+                  (c.shape_.empty() || (!fn.inputs().empty() && fn.inputs()[0].isTensor() &&
+                                        fn.inputs()[0].toTensor().sizes() == c.shape_)))
                 ++active_->count_;
               return nullptr;
             })
-            .needsInputs(true)
+            .needsInputs(!shape_.empty())
             .scopes({at::RecordScope::FUNCTION}));
   }
-  CastCounter(const CastCounter&) = delete;
-  CastCounter& operator=(const CastCounter&) = delete;
-  ~CastCounter() {
+  OpCounter(const OpCounter&) = delete;
+  OpCounter& operator=(const OpCounter&) = delete;
+  ~OpCounter() {
     at::removeCallback(handle_);
     active_ = nullptr;
   }
   int count() const { return count_; }
 
  private:
-  static inline CastCounter* active_ = nullptr;
+  static inline OpCounter* active_ = nullptr;
+  std::string name_;
   std::vector<int64_t> shape_;
   int count_ = 0;
   at::CallbackHandle handle_;
@@ -404,13 +409,13 @@ TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
   at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   at::autocast::set_autocast_enabled(at::kCPU, true);
   {
-    CastCounter weights({4, 8});
+    OpCounter weights("aten::_to_copy", {4, 8});  // the weight's casts to bf16
     y1 = linear(layer, x);
     y2 = linear(layer, x);
     weight_casts = weights.count();
   }
   {
-    CastCounter biases({4});
+    OpCounter biases("aten::_to_copy", {4});
     auto z = linear(layer, x);
     bias_casts = biases.count();  // cached by the calls above: none
   }
@@ -721,34 +726,6 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
   EXPECT_THROW(bf16_autocast_linears(x, {a->weight, a->weight}, {a->bias}), Error);
   EXPECT_THROW(bf16_autocast_linears(x, {a->weight, c->weight}, {}), Error);
 }
-
-// Counts the calls of one ATen operator (by its profiler name, e.g. "aten::cat") while alive.
-class OpCounter {
- public:
-  explicit OpCounter(std::string name) : name_(std::move(name)) {
-    active_ = this;
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              if (active_->name_ == fn.name()) ++active_->count_;
-              return nullptr;
-            })
-            .scopes({at::RecordScope::FUNCTION}));
-  }
-  OpCounter(const OpCounter&) = delete;
-  OpCounter& operator=(const OpCounter&) = delete;
-  ~OpCounter() {
-    at::removeCallback(handle_);
-    active_ = nullptr;
-  }
-  int count() const { return count_; }
-
- private:
-  static inline OpCounter* active_ = nullptr;
-  std::string name_;
-  int count_ = 0;
-  at::CallbackHandle handle_;
-};
 
 // linears' backward reads its outputs' gradients as one matrix where they lie side by side in one
 // buffer, in order (as the fused CPU attention's backward leaves dq, dk and dv): no concatenation,
