@@ -3,7 +3,6 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -121,24 +120,22 @@ torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
 
 // dx [rows, in] float32 = g [rows, out] bf16 @ w16 [out, in] bf16 through oneMKL's
 // cblas_gemm_bf16bf16f32 (accumulated and returned in float32, not rounded to bf16), or an
-// undefined tensor where that GEMM is not in use, g's columns are not dense, or a size or
-// stride exceeds its int (the caller then takes ATen's path).
+// undefined tensor where that GEMM is not in use, a tensor is not on the CPU or a size exceeds
+// its int (the caller then takes ATen's path). As weight_grad_float32, contiguous operands are
+// not copied.
 torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w16) {
   const GemmBf16Bf16F32 gemm = mkl_gemm();
-  const torch::Tensor w = w16.contiguous();
-  const int64_t rows = g.size(0), out = g.size(1), in = w.size(1);
-  // (A single row's stride is arbitrary: its leading dimension is then out.)
-  const int64_t lda = rows == 1 ? std::max<int64_t>(out, 1) : g.stride(0);
-  if (gemm == nullptr || (out > 1 && g.stride(1) != 1) || lda < out || rows > INT_MAX ||
-      out > INT_MAX || in > INT_MAX || lda > INT_MAX)
+  const int64_t rows = g.size(0), out = g.size(1), in = w16.size(1);
+  if (gemm == nullptr || !g.is_cpu() || !w16.is_cpu() || rows > INT_MAX || out > INT_MAX ||
+      in > INT_MAX)
     return {};
+  const torch::Tensor gc = g.contiguous(), wc = w16.contiguous();
   torch::Tensor dx = torch::empty({rows, in}, g.options().dtype(torch::kFloat));
-  if (rows == 0 || in == 0) return dx;
-  if (out == 0) return dx.zero_();
-  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({g, w}));
+  if (rows == 0 || out == 0 || in == 0) return dx.zero_();
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, wc}));
   gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows),
-       static_cast<int>(in), static_cast<int>(out), 1.0f, g.const_data_ptr(),
-       static_cast<int>(lda), w.const_data_ptr(), static_cast<int>(in), 0.0f,
+       static_cast<int>(in), static_cast<int>(out), 1.0f, gc.const_data_ptr(),
+       static_cast<int>(out), wc.const_data_ptr(), static_cast<int>(in), 0.0f,
        dx.data_ptr<float>(), static_cast<int>(in));
   return dx;
 }
@@ -154,11 +151,11 @@ struct LinearGrads {
 LinearGrads linear_grads(const torch::Tensor& g, const torch::Tensor& x16, const torch::Tensor& w16,
                          torch::ScalarType x_dtype, bool need_dx, bool need_dw, bool need_db) {
   LinearGrads r;
-  if (need_dx && x_dtype == torch::kFloat && g.is_cpu()) r.dx = input_grad_float32(g, w16);
-  if (r.dx.defined())
-    r.dx = r.dx.view(x16.sizes());
-  else if (need_dx)
-    r.dx = at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+  if (need_dx) {
+    const torch::Tensor dx =
+        x_dtype == torch::kFloat ? input_grad_float32(g, w16) : torch::Tensor();
+    r.dx = dx.defined() ? dx.view(x16.sizes()) : at::mm(g, w16).view(x16.sizes()).to(x_dtype);
+  }
   if (need_dw) r.dw = weight_grad_float32(g, x16.reshape({g.size(0), w16.size(1)}).contiguous());
   if (need_db) r.db = bias_grad_float32(g);
   return r;

@@ -81,10 +81,10 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
 // Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
 // x's dtype (float32 x: oneMKL's float32 product where bf16_weight_grad_uses_mkl() and the
-// sizes fit its int, else ATen's bf16 mm cast; bf16 x: ATen's bf16 mm), the weight gradient in float32 (weight_grad_float32),
-// the bias gradient in float32 (bias_grad_float32). The output is saved for the backward with
-// `relu`: modifying it in place then makes the backward throw (autograd's version check).
-// Requires grad mode and CPU tensors; throws mllm::Error otherwise.
+// sizes fit its int, else ATen's bf16 mm cast; bf16 x: ATen's bf16 mm), the weight gradient in
+// float32 (weight_grad_float32), the bias gradient in float32 (bias_grad_float32). The output is
+// saved for the backward with `relu`: modifying it in place then makes the backward throw
+// (autograd's version check). Requires grad mode and CPU tensors; throws mllm::Error otherwise.
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias, bool relu = false);
 

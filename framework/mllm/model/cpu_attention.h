@@ -44,8 +44,9 @@ bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
 // mode is on: the gradients are float32 products rounded once to bf16, and masked places get
 // zero gradient (as masked_fill); where keys == seq they are views of one bf16 [batch, seq,
 // heads + 2 kv_heads, head_dim] buffer, dq, dk, dv side by side in each row (what the Q/K/V
-// product's backward reads without a copy: bf16_autocast_linears), else contiguous tensors. Keeps the probabilities (bf16 [batch, heads, seq, keys], and
-// their dropped form with dropout) for the backward pass, as the unfused path does. One draw
+// product's backward reads without a copy: bf16_autocast_linears), else contiguous tensors.
+// Keeps the probabilities (bf16 [batch, heads, seq, keys], and their dropped form with dropout)
+// for the backward pass, as the unfused path does. One draw
 // from the default CPU generator per call in training with p > 0 (as mllm::dropout).
 // Throws mllm::Error when cpu_attention_bf16_available() or cpu_attention_bf16_applies() is
 // false, or for p outside [0, 1).
