@@ -183,6 +183,11 @@ void round_rows(const float* __restrict src, int64_t rows, int64_t cols, uint16_
   }
 }
 
+// acc[i] += x[i] for n float32 values (one rounding each, so the same bits however compiled).
+void add_into(float* __restrict acc, const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
 // A [batch, len, heads, head_dim] bf16 tensor as the products read it: head h of batch b is the
 // [len, head_dim] matrix at at(b, h) with leading dimension ld.
 struct Heads {
@@ -375,45 +380,69 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
     auto* dk_p = reinterpret_cast<uint16_t*>(dk.data_ptr());
     auto* dv_p = reinterpret_cast<uint16_t*>(dv.data_ptr());
     const auto scale_drop = static_cast<float>(drop_scale);
-    // One task per (batch, key/value head), its query heads and their row blocks in turn: each
-    // block's contributions to dk and dv are summed in float32 by the products (beta = 1).
-    at::parallel_for(0, pb.batch * pb.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    // One task per (batch, query head), its row blocks in turn: each block's contributions to
+    // the head's dk and dv summed in float32 by the products (beta = 1). With grouped key/value
+    // heads each head's sums go to its slot of `partial` ([batch, heads, 2, keys, head_dim]
+    // float32), and a second pass adds a group's slots in head order and rounds them once: the
+    // same bits at any thread count, and batch x heads tasks to share among the threads (one
+    // task per key/value head would leave most threads idle at a small batch with few of them).
+    const bool grouped = group > 1;
+    const int64_t kv_elems = keys * hd;
+    torch::Tensor partial;
+    if (grouped)
+      partial = torch::empty({pb.batch, pb.heads, 2, keys, hd}, y.options().dtype(torch::kFloat));
+    float* partial_p = grouped ? partial.data_ptr<float>() : nullptr;
+    at::parallel_for(0, pb.batch * pb.heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> g(static_cast<size_t>(kRowBlock * keys));
       std::vector<float> dqf(static_cast<size_t>(t * hd));
-      std::vector<float> dkf(static_cast<size_t>(keys * hd)), dvf(static_cast<size_t>(keys * hd));
+      std::vector<float> own(grouped ? 0 : static_cast<size_t>(2 * kv_elems));
       std::vector<uint16_t> ds(static_cast<size_t>(kRowBlock * keys));
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / pb.kv_heads, kh = task % pb.kv_heads;
+        const int64_t b = task / pb.heads, h = task % pb.heads, kh = h / group;
         const int32_t* ends = pb.ends_of(b);
-        std::fill(dkf.begin(), dkf.end(), 0.0f);
-        std::fill(dvf.begin(), dvf.end(), 0.0f);
-        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-          for (int64_t r0 = 0, i = 0; r0 < t; r0 += kRowBlock, ++i) {
-            const int64_t rows = std::min(kRowBlock, t - r0);
-            const int64_t head_row = (b * pb.heads + h) * t + r0;
-            const int mr = static_cast<int>(rows), me = ends[i];
-            const uint16_t* go_b = go + (b * t + r0) * ld_out + h * hd;
-            const uint16_t* y_b = y_p + head_row * keys;
-            const uint16_t* yd_b = yd_p + head_row * keys;
-            // d loss / d dropped probabilities = d_out v^T, then d loss / d scores
-            gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, mr, me, mh, 1.0f, go_b, mo,
-                 v.at(b, kh), ldv, 0.0f, g.data(), mk);
-            softmax_dropout_grad_rows(g.data(), y_b, dropout ? yd_b : nullptr,
-                                      pb.limit_of(b) + r0, ds.data(), rows, keys, scale_drop);
-            // dq = scale * ds k, dk += scale * ds^T q, dv += dropped^T d_out
-            gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, mr, mh, me, pb.alpha,
-                 ds.data(), mk, k.at(b, kh), ldk, 0.0f, dqf.data() + r0 * hd, mh);
-            gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, pb.alpha,
-                 ds.data(), mk, q.at(b, h) + r0 * q.ld, ldq, 1.0f, dkf.data(), mh);
-            gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, 1.0f, yd_b, mk,
-                 go_b, mo, 1.0f, dvf.data(), mh);
-          }
-          round_rows(dqf.data(), t, hd, dq_p + b * dq_batch + h * hd, ld_dq);
+        float* dkf = grouped ? partial_p + task * 2 * kv_elems : own.data();
+        float* dvf = dkf + kv_elems;
+        std::fill(dkf, dkf + 2 * kv_elems, 0.0f);
+        for (int64_t r0 = 0, i = 0; r0 < t; r0 += kRowBlock, ++i) {
+          const int64_t rows = std::min(kRowBlock, t - r0);
+          const int64_t head_row = task * t + r0;
+          const int mr = static_cast<int>(rows), me = ends[i];
+          const uint16_t* go_b = go + (b * t + r0) * ld_out + h * hd;
+          const uint16_t* y_b = y_p + head_row * keys;
+          const uint16_t* yd_b = yd_p + head_row * keys;
+          // d loss / d dropped probabilities = d_out v^T, then d loss / d scores
+          gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, mr, me, mh, 1.0f, go_b, mo,
+               v.at(b, kh), ldv, 0.0f, g.data(), mk);
+          softmax_dropout_grad_rows(g.data(), y_b, dropout ? yd_b : nullptr, pb.limit_of(b) + r0,
+                                    ds.data(), rows, keys, scale_drop);
+          // dq = scale * ds k, dk += scale * ds^T q, dv += dropped^T d_out
+          gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, mr, mh, me, pb.alpha,
+               ds.data(), mk, k.at(b, kh), ldk, 0.0f, dqf.data() + r0 * hd, mh);
+          gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, pb.alpha, ds.data(),
+               mk, q.at(b, h) + r0 * q.ld, ldq, 1.0f, dkf, mh);
+          gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, me, mh, mr, 1.0f, yd_b, mk, go_b,
+               mo, 1.0f, dvf, mh);
         }
-        round_rows(dkf.data(), keys, hd, dk_p + b * dkv_batch + kh * hd, ld_dkv);
-        round_rows(dvf.data(), keys, hd, dv_p + b * dkv_batch + kh * hd, ld_dkv);
+        round_rows(dqf.data(), t, hd, dq_p + b * dq_batch + h * hd, ld_dq);
+        if (!grouped) {
+          round_rows(dkf, keys, hd, dk_p + b * dkv_batch + kh * hd, ld_dkv);
+          round_rows(dvf, keys, hd, dv_p + b * dkv_batch + kh * hd, ld_dkv);
+        }
       }
     });
+    if (grouped) {
+      // dk and dv of (batch, key/value head): the group's slots added in head order, rounded.
+      at::parallel_for(0, pb.batch * pb.kv_heads, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t b = task / pb.kv_heads, kh = task % pb.kv_heads;
+          float* first = partial_p + (b * pb.heads + kh * group) * 2 * kv_elems;
+          for (int64_t j = 1; j < group; ++j)
+            add_into(first, first + j * 2 * kv_elems, 2 * kv_elems);
+          round_rows(first, keys, hd, dk_p + b * dkv_batch + kh * hd, ld_dkv);
+          round_rows(first + kv_elems, keys, hd, dv_p + b * dkv_batch + kh * hd, ld_dkv);
+        }
+      });
+    }
     return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -3,8 +3,9 @@
 // (cblas_gemm_bf16bf16f32) over the keys the block can see, the mask, softmax and dropout in one
 // pass over the rows while they are in cache, and the weighted sum of values as a second product
 // written straight into the [batch, seq, d_model] layout the output projection reads. Backward,
-// per (batch, key/value head): the same blocks, the query heads sharing a key/value head summed
-// into its gradients.
+// per (batch, query head): the same blocks; with grouped key/value heads each query head's
+// contributions to dk and dv kept in float32 and added in head order (the same bits at any
+// thread count), then rounded once.
 //
 // Against the unfused bf16 path (attention.cpp: a bf16 score product with the mask as its bias,
 // LibTorch's softmax, dropout, a bf16 product) it skips the head-major copies of q, k and v, the
