@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -122,6 +123,63 @@ void ce_grad_rows_bf16(const uint16_t* __restrict x, const float* __restrict lse
   }
 }
 
+// Rows rb..re-1 of float32 logits x [rows, vocab] -> mx [rows] = the row's maximum m, sum
+// [rows] = sum_k exp(x_k - m), in float32 with the sums in 16 lanes (a fixed order) and vec16's
+// exp: softmax(x) = exp(x - m) / sum, log-sum-exp = log(sum) + m (x - m is exact near the
+// maximum, as in ATen's softmax). One read of each row for the maximum and one for the sum,
+// while it is in cache. Compiled as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void softmax_stats_rows_f32(const float* __restrict x, int64_t rb, int64_t re, int64_t vocab,
+                            float* __restrict mx_out, float* __restrict sum_out) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    const float* row = x + r * vocab;
+    Floats lanes = splat(kNegInf);
+    for (int64_t k = 0; k < vend; k += kLanes) {
+      const Floats v = load<Floats>(row + k);
+      lanes = v > lanes ? v : lanes;
+    }
+    float mx = kNegInf;
+    for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (int64_t k = vend; k < vocab; ++k) mx = row[k] > mx ? row[k] : mx;
+    Floats sums = {};
+    for (int64_t k = 0; k < vend; k += kLanes) sums += exp_nonpositive(load<Floats>(row + k) - mx);
+    float sum = 0.0f;
+    for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
+    for (int64_t k = vend; k < vocab; ++k) sum += exp_nonpositive(row[k] - mx);
+    mx_out[r] = mx;
+    sum_out[r] = sum;
+  }
+}
+
+// Rows rb..re-1 of the gradient of the summed loss for float32 logits x [rows, vocab], mx [rows]
+// and factor [rows] = scale / sum (softmax_stats_rows_f32; scale the upstream gradient, 0 on pad
+// rows), scale [rows], targets [rows] -> grad [rows, vocab] float32 = exp(x - mx) * factor, and
+// at the target that minus scale: (softmax - one-hot) * scale. Compiled as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void ce_grad_rows_f32(const float* __restrict x, const float* __restrict mx,
+                      const float* __restrict factor, const float* __restrict scale,
+                      const int64_t* __restrict targets, int64_t rb, int64_t re, int64_t vocab,
+                      float* __restrict grad) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    const float* row = x + r * vocab;
+    float* out = grad + r * vocab;
+    const float m = mx[r], f = factor[r];
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(out + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
+    for (int64_t k = vend; k < vocab; ++k) out[k] = exp_nonpositive(row[k] - m) * f;
+    out[targets[r]] -= scale[r];
+  }
+}
+
 // Rows per parallel chunk: about 64 K logits.
 int64_t grain_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 16) / vocab); }
 
@@ -141,6 +199,24 @@ torch::Tensor row_lse_bf16(const torch::Tensor& x) {
 // Whether bf16 logits take the fused row kernels: CPU and a non-empty vocabulary.
 bool fused_bf16(const torch::Tensor& x) {
   return x.is_cpu() && x.scalar_type() == torch::kBFloat16 && x.size(1) > 0;
+}
+
+// Whether float32 logits take the fused row kernels: CPU and a non-empty vocabulary.
+bool fused_f32(const torch::Tensor& x) {
+  return x.is_cpu() && x.scalar_type() == torch::kFloat && x.size(1) > 0;
+}
+
+// x [rows, vocab] float32 contiguous on the CPU -> {row maxima [rows], sums of exp(x - max)
+// [rows]} float32 (softmax_stats_rows_f32).
+std::pair<torch::Tensor, torch::Tensor> softmax_stats_f32(const torch::Tensor& x) {
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  torch::Tensor mx = torch::empty({rows}, x.options()), sum = torch::empty({rows}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>();
+  at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+    softmax_stats_rows_f32(xp, begin, end, vocab, mp, sp);
+  });
+  return {mx, sum};
 }
 
 // x [rows, vocab] bf16 or half contiguous -> per-row log-sum-exp [rows] float32: lse_rows_bf16
@@ -218,6 +294,42 @@ class SummedCrossEntropyReduced : public torch::autograd::Function<SummedCrossEn
   }
 };
 
+// The same loss for float32 logits on the CPU, with the row kernels above: the forward pass
+// keeps the logits and each row's maximum and sum of exponentials (no [rows, vocab] softmax
+// buffer: two reads of each row in cache instead of ATen's max / subtract / exp / sum / divide
+// passes over it); the backward pass recomputes exp(x - max) and writes the gradient in one
+// pass. The logits must not be modified in place between the passes (autograd's version check
+// says so).
+class SummedCrossEntropyCpu : public torch::autograd::Function<SummedCrossEntropyCpu> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& targets) {
+    auto [mx, sum] = softmax_stats_f32(x);
+    ctx->save_for_backward({x, mx, sum, targets});
+    return reduced_loss_sum(x, targets, sum.log().add_(mx));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& targets = saved[3];
+    const int64_t rows = x.size(0), vocab = x.size(1);
+    // Per-row factor: the upstream gradient on real targets, 0 on pad targets.
+    const torch::Tensor scale =
+        targets.ne(kPadId).to(torch::kFloat).mul_(grad_out[0].to(torch::kFloat));
+    const torch::Tensor factor = scale / saved[2];
+    const torch::Tensor t = targets.contiguous();
+    torch::Tensor grad = torch::empty_like(x);
+    at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+      ce_grad_rows_f32(x.const_data_ptr<float>(), saved[1].const_data_ptr<float>(),
+                       factor.const_data_ptr<float>(), scale.const_data_ptr<float>(),
+                       t.const_data_ptr<int64_t>(), begin, end, vocab, grad.data_ptr<float>());
+    });
+    return {grad, torch::Tensor()};
+  }
+};
+
 // loss = sum over non-pad rows of -log softmax(x)[target]; d loss / d x = softmax(x) - onehot
 // on non-pad rows, 0 on pad rows (the derivative of log-sum-exp).
 class SummedCrossEntropy : public torch::autograd::Function<SummedCrossEntropy> {
@@ -273,6 +385,12 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
     if (grad) return SummedCrossEntropyReduced::apply(x, t);
     torch::NoGradGuard no_grad;
     return reduced_loss_sum(x, t, row_lse_reduced(x));
+  }
+  if (fused_f32(x)) {
+    if (grad) return SummedCrossEntropyCpu::apply(x, t);
+    torch::NoGradGuard no_grad;
+    auto [mx, sum] = softmax_stats_f32(x);
+    return reduced_loss_sum(x, t, sum.log().add_(mx));
   }
   if (grad) return SummedCrossEntropy::apply(x, t);
   torch::NoGradGuard no_grad;

@@ -13,10 +13,14 @@ namespace mllm {
 // -> [] float32: the sum over positions with target != kPadId of -log softmax(logits)[target].
 // Pad targets add exactly nothing (an all-pad batch gives 0, not NaN). Differentiable, as one
 // autograd node (not log_softmax + nll_loss), over cache-sized row chunks on CPU:
-// - float32 (and float64, computed in float32) logits: the forward pass keeps softmax(logits)
-//   in one [batch * seq, vocab] float32 buffer with one exp per element, and the backward pass
-//   turns that buffer into the gradient in place, so such a loss can be backpropagated once
-//   (retain_graph is refused with mllm::Error);
+// - float32 (and float64, computed in float32) logits on the CPU: the forward pass keeps the
+//   logits and each row's maximum and sum of exp(x - max) (two passes over each row in cache,
+//   mllm's vectorized exp: Cephes' expf, 1-2 units in the last place); the backward pass
+//   recomputes exp(x - max) and writes (softmax - one-hot) * upstream in one pass;
+// - float32 logits on a GPU: the forward pass keeps softmax(logits) in one [batch * seq, vocab]
+//   float32 buffer with one exp per element, and the backward pass turns that buffer into the
+//   gradient in place, so such a loss can be backpropagated once (retain_graph is refused with
+//   mllm::Error);
 // - bf16 / half logits (bf16 autocast): the forward pass keeps the logits and a float32
 //   log-sum-exp per row; the backward pass recomputes exp(x - lse) in float32 and returns the
 //   gradient in the logits' dtype, rounded once.

@@ -940,10 +940,13 @@ TEST(LossTest, HandComputedGradientAndChunkBoundaries) {
   expected[1][0] = torch::tensor({0.2f, 0.4f, 0.6f, -1.2f});
   EXPECT_LE((logits.grad() - expected).abs().max().item<double>(), 1e-6);
 
-  // A loss can be backpropagated once (its softmax buffer becomes the gradient).
+  // On the CPU the loss keeps the logits, not a softmax buffer that becomes the gradient: a
+  // second backward through it (retain_graph) gives the same gradient again.
+  logits.mutable_grad().zero_();
   auto again = lm_loss_sum(logits, targets);
   again.backward(torch::Tensor(), /*retain_graph=*/true);
-  EXPECT_THROW(again.backward(), std::exception);
+  again.backward();
+  EXPECT_LE((logits.grad() - expected).abs().max().item<double>(), 1e-6);
 
   // Many rows of a wide vocabulary (several CPU chunks of 2^18 logits, a ragged last one):
   // value and gradient against float64 log-softmax computed by the formula, not by this code.
@@ -1016,6 +1019,37 @@ TEST(LossTest, BFloat16LogitsNarrowVocabulary) {
   auto err = (x.grad().to(torch::kDouble) - grad).abs();
   EXPECT_TRUE((err <= grad.abs() * std::ldexp(1.0, -8) + 1e-6).all().item<bool>());
   EXPECT_EQ(x.grad()[0][2].abs().sum().item<double>(), 0.0);  // the pad row
+}
+
+// Float32 logits on the CPU (the row kernels of loss.cpp) with a vocabulary narrower than one
+// 16-lane vector (scalar tails only) and one of 16 + 3 (a vector and a tail), pad rows and an
+// upstream gradient of 3: value and gradient against float64 by the formula; pad rows get
+// exactly 0.
+TEST(LossTest, Float32NarrowVocabulariesAndPadRows) {
+  for (int64_t vocab : {5, 19}) {
+    SCOPED_TRACE(vocab);
+    torch::manual_seed(7);
+    auto xd = torch::randn({2, 3, vocab}, torch::kDouble) * 4.0;
+    auto t = torch::tensor({4, 1, 0, 2, 3, 0}, torch::kLong).view({2, 3});  // two pad targets
+    auto x = xd.to(torch::kFloat).requires_grad_(true);
+    auto loss = lm_loss_sum(x, t);
+    (loss * 3.0).backward();
+    auto xr = xd.to(torch::kFloat).to(torch::kDouble);  // the float32 values the loss saw
+    auto logp = xr - torch::logsumexp(xr, -1, /*keepdim=*/true);
+    auto real = t.ne(kPadId);
+    const double want =
+        -(logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+    EXPECT_NEAR(loss.item<double>(), want, 1e-6 * std::abs(want));
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_NEAR(lm_loss_sum(x.detach(), t).item<double>(), want, 1e-6 * std::abs(want));
+    }
+    auto grad =
+        (logp.exp() - torch::one_hot(t, vocab).to(torch::kDouble)) * real.unsqueeze(-1) * 3.0;
+    EXPECT_LE((x.grad().to(torch::kDouble) - grad).abs().max().item<double>(), 3e-6);
+    EXPECT_EQ(x.grad()[0][2].abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(x.grad()[1][2].abs().sum().item<double>(), 0.0);
+  }
 }
 
 }  // namespace
