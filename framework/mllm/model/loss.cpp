@@ -56,41 +56,61 @@ torch::Tensor row_losses(const torch::Tensor& x, const torch::Tensor& targets,
   return (lse - target_logit).masked_fill_(targets.eq(kPadId), 0.0);
 }
 
+// 16 lanes, or one value, of a row of bf16 logits (bit patterns) or float32 logits, as float32.
+[[gnu::always_inline]] inline vec16::Floats lanes_at(const uint16_t* p) {
+  return vec16::from_bf16(vec16::load<vec16::Halves>(p));
+}
+[[gnu::always_inline]] inline vec16::Floats lanes_at(const float* p) {
+  return vec16::load<vec16::Floats>(p);
+}
+[[gnu::always_inline]] inline float value_at(const uint16_t* p) {
+  return c10::detail::f32_from_bits(*p);
+}
+[[gnu::always_inline]] inline float value_at(const float* p) { return *p; }
+
+// A row of logits [vocab] (bf16 bit patterns or float32) -> its maximum m and sum_k exp(x_k -
+// m), in float32 with the maximum and the sum in 16 lanes (a fixed order) and vec16's exp (1-2
+// units in the last place): one read of the row for the maximum and one for the sum, while it
+// is in cache. Inlined into the target_clones kernels below, so compiled for each of their
+// targets.
+template <typename T>
+[[gnu::always_inline]] inline void row_max_and_sum(const T* __restrict row, int64_t vocab,
+                                                   float& mx, float& sum) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t vend = vocab / kLanes * kLanes;
+  Floats lanes = splat(kNegInf);
+  for (int64_t k = 0; k < vend; k += kLanes) {
+    const Floats v = lanes_at(row + k);
+    lanes = v > lanes ? v : lanes;
+  }
+  mx = kNegInf;
+  for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (int64_t k = vend; k < vocab; ++k) {
+    const float v = value_at(row + k);
+    mx = v > mx ? v : mx;
+  }
+  Floats sums = {};
+  for (int64_t k = 0; k < vend; k += kLanes) sums += exp_nonpositive(lanes_at(row + k) - mx);
+  sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
+  for (int64_t k = vend; k < vocab; ++k) sum += exp_nonpositive(value_at(row + k) - mx);
+}
+
 // Rows rb..re-1 of bf16 logits x [rows, vocab] (bit patterns) -> lse [rows] float32: the
-// row's maximum m, then log(sum_k exp(x_k - m)) + m, in float32 with the sum in 16 lanes (a fixed
-// order) and vec16's exp (1-2 units in the last place). One read of each row for the maximum and
-// one for the sum, while it is in cache. Compiled three times (x86-64-v4 = AVX-512, x86-64-v3 =
-// AVX2 + FMA, baseline): the v3 and v4 versions give the same bits; the baseline version (no
-// FMA) may differ in the last bit of a float32 value. (About 1.7x LibTorch's amax / exp / sum
-// over float32 copies of the rows, forward and backward together, at [2048, 8192].)
+// row's maximum m, then log(sum_k exp(x_k - m)) + m (row_max_and_sum). Compiled three times
+// (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline): the v3 and v4 versions give the same
+// bits; the baseline version (no FMA) may differ in the last bit of a float32 value. (About
+// 1.7x LibTorch's amax / exp / sum over float32 copies of the rows, forward and backward
+// together, at [2048, 8192].)
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void lse_rows_bf16(const uint16_t* __restrict x, int64_t rb, int64_t re, int64_t vocab,
                    float* __restrict lse) {
-  using namespace vec16;  // NOLINT(build/namespaces)
-  using c10::detail::f32_from_bits;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const int64_t vend = vocab / kLanes * kLanes;
   for (int64_t r = rb; r < re; ++r) {
-    const uint16_t* row = x + r * vocab;
-    Floats lanes = splat(kNegInf);
-    for (int64_t k = 0; k < vend; k += kLanes) {
-      const Floats v = from_bf16(load<Halves>(row + k));
-      lanes = v > lanes ? v : lanes;
-    }
-    float mx = kNegInf;
-    for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
-    for (int64_t k = vend; k < vocab; ++k) {
-      const float v = f32_from_bits(row[k]);
-      mx = v > mx ? v : mx;
-    }
-    Floats sums = {};
-    for (int64_t k = 0; k < vend; k += kLanes)
-      sums += exp_nonpositive(from_bf16(load<Halves>(row + k)) - mx);
-    float sum = 0.0f;
-    for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
-    for (int64_t k = vend; k < vocab; ++k) sum += exp_nonpositive(f32_from_bits(row[k]) - mx);
+    float mx, sum;
+    row_max_and_sum(x + r * vocab, vocab, mx, sum);
     lse[r] = std::log(sum) + mx;
   }
 }
@@ -124,36 +144,15 @@ void ce_grad_rows_bf16(const uint16_t* __restrict x, const float* __restrict lse
 }
 
 // Rows rb..re-1 of float32 logits x [rows, vocab] -> mx [rows] = the row's maximum m, sum
-// [rows] = sum_k exp(x_k - m), in float32 with the sums in 16 lanes (a fixed order) and vec16's
-// exp: softmax(x) = exp(x - m) / sum, log-sum-exp = log(sum) + m (x - m is exact near the
-// maximum, as in ATen's softmax). One read of each row for the maximum and one for the sum,
-// while it is in cache. Compiled as lse_rows_bf16.
+// [rows] = sum_k exp(x_k - m) (row_max_and_sum): softmax(x) = exp(x - m) / sum, log-sum-exp =
+// log(sum) + m (x - m is exact near the maximum, as in ATen's softmax). Compiled as
+// lse_rows_bf16.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void softmax_stats_rows_f32(const float* __restrict x, int64_t rb, int64_t re, int64_t vocab,
-                            float* __restrict mx_out, float* __restrict sum_out) {
-  using namespace vec16;  // NOLINT(build/namespaces)
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const int64_t vend = vocab / kLanes * kLanes;
-  for (int64_t r = rb; r < re; ++r) {
-    const float* row = x + r * vocab;
-    Floats lanes = splat(kNegInf);
-    for (int64_t k = 0; k < vend; k += kLanes) {
-      const Floats v = load<Floats>(row + k);
-      lanes = v > lanes ? v : lanes;
-    }
-    float mx = kNegInf;
-    for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
-    for (int64_t k = vend; k < vocab; ++k) mx = row[k] > mx ? row[k] : mx;
-    Floats sums = {};
-    for (int64_t k = 0; k < vend; k += kLanes) sums += exp_nonpositive(load<Floats>(row + k) - mx);
-    float sum = 0.0f;
-    for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
-    for (int64_t k = vend; k < vocab; ++k) sum += exp_nonpositive(row[k] - mx);
-    mx_out[r] = mx;
-    sum_out[r] = sum;
-  }
+                            float* __restrict mx, float* __restrict sum) {
+  for (int64_t r = rb; r < re; ++r) row_max_and_sum(x + r * vocab, vocab, mx[r], sum[r]);
 }
 
 // Rows rb..re-1 of the gradient of the summed loss for float32 logits x [rows, vocab], mx [rows]
