@@ -3,15 +3,13 @@
 // SSE ones — the compiler lowers the operations to each target_clones version of the function
 // that uses them. They serve where GCC's loop vectorizer leaves a plain loop scalar (selects,
 // maxima, a polynomial inside a reduction). Internal, for .cpp files only: the helpers are
-// always inlined, so no vector crosses a call, and GCC's -Wpsabi note on such calls (which
-// would come from every template instantiation in the including file) is silenced for the
-// file that includes this header.
+// always inlined, so no vector crosses a call; GCC's -Wpsabi note on the baseline clone of such
+// a function (which a pragma does not silence) is turned off with -Wno-psabi for each file that
+// includes this header (framework/CMakeLists.txt).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
-
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace mllm::vec16 {
 
