@@ -64,13 +64,13 @@ void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends)
 // One head's rows of the forward pass. s [rows, keys] float32 scores (overwritten; only the
 // first row_end(limit[r]) keys of row r are read), mask [rows, keys] bool bytes (nonzero:
 // masked; -inf is added to its score), limit [rows] its row_limits -> y [rows, keys] bf16 = the
-// softmax over the unmasked keys,
-// rounded once (a row with every key masked: 1 / keys each, as masked_fill(-1e9) gives in
-// float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0 with mllm::dropout's mask
-// for element pair0 * 2 + r * keys + k of the [batch, heads, seq, keys] probabilities. Compiled
-// three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline; chosen when the library
-// loads): the v3 and v4 versions contract multiply-adds alike, so they give the same bits; the
-// baseline version (no FMA) may differ in the last bit of a float32 value. keys even.
+// softmax over the unmasked keys, rounded once (a row with every key masked: 1 / keys each, as
+// masked_fill(-1e9) gives in float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0
+// with mllm::dropout's mask for element pair0 * 2 + r * keys + k of the [batch, heads, seq,
+// keys] probabilities. Compiled three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA,
+// baseline; chosen when the library loads): the v3 and v4 versions contract multiply-adds alike,
+// so they give the same bits; the baseline version (no FMA) may differ in the last bit of a
+// float32 value. keys even.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
@@ -439,15 +439,21 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
       }
     });
     if (grouped) {
-      // dk and dv of (batch, key/value head): the group's slots added in head order, rounded.
-      at::parallel_for(0, pb.batch * pb.kv_heads, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t b = task / pb.kv_heads, kh = task % pb.kv_heads;
-          float* first = partial_p + (b * pb.heads + kh * group) * 2 * kv_elems;
-          for (int64_t j = 1; j < group; ++j)
-            add_into(first, first + j * 2 * kv_elems, 2 * kv_elems);
-          round_rows(first, keys, hd, dk_p + b * dkv_batch + kh * hd, ld_dkv);
-          round_rows(first + kv_elems, keys, hd, dv_p + b * dkv_batch + kh * hd, ld_dkv);
+      // dk and dv of (batch, key/value head, key row): the group's slots added in head order and
+      // rounded, split over all the rows (elementwise: the same bits however split).
+      at::parallel_for(0, pb.batch * pb.kv_heads * keys, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t at = begin; at < end;) {
+          const int64_t bkh = at / keys, r0 = at % keys, r1 = std::min(keys, r0 + (end - at));
+          const int64_t b = bkh / pb.kv_heads, kh = bkh % pb.kv_heads, n = (r1 - r0) * hd;
+          float* first = partial_p + (b * pb.heads + kh * group) * 2 * kv_elems + r0 * hd;
+          for (int64_t j = 1; j < group; ++j) {
+            add_into(first, first + j * 2 * kv_elems, n);
+            add_into(first + kv_elems, first + j * 2 * kv_elems + kv_elems, n);
+          }
+          round_rows(first, r1 - r0, hd, dk_p + b * dkv_batch + r0 * ld_dkv + kh * hd, ld_dkv);
+          round_rows(first + kv_elems, r1 - r0, hd, dv_p + b * dkv_batch + r0 * ld_dkv + kh * hd,
+                     ld_dkv);
+          at += r1 - r0;
         }
       });
     }

@@ -47,8 +47,10 @@ bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
 // heads + 2 kv_heads, head_dim] buffer, dq, dk, dv side by side in each row (what the Q/K/V
 // product's backward reads without a copy: bf16_autocast_linears), else contiguous tensors.
 // Keeps the probabilities (bf16 [batch, heads, seq, keys], and their dropped form with dropout)
-// for the backward pass, as the unfused path does. One draw
-// from the default CPU generator per call in training with p > 0 (as mllm::dropout).
+// for the backward pass, as the unfused path does; with grouped key/value heads the backward
+// also takes float32 scratch of [batch, heads, 2, keys, head_dim] (each query head's dk and dv
+// before the group's sum: 4 head_dim / seq times the bytes of the probabilities). One draw from the
+// default CPU generator per call in training with p > 0 (as mllm::dropout).
 // Throws mllm::Error when cpu_attention_bf16_available() or cpu_attention_bf16_applies() is
 // false, or for p outside [0, 1).
 torch::Tensor cpu_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,

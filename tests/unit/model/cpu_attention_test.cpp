@@ -113,6 +113,7 @@ TEST(CpuAttention, ValuesAndGradientsAgainstFloat64) {
   SKIP_WITHOUT_FUSED_ATTENTION();
   const Case cases[] = {{2, 50, 4, 4, 16, true},
                         {2, 34, 4, 2, 8, true},
+                        {2, 50, 8, 2, 16, true},  // four query heads per key/value head
                         {1, 200, 2, 1, 8, false},
                         {2, 140, 2, 2, 8, true}};
   for (const Case& c : cases) {
@@ -176,9 +177,14 @@ TEST(CpuAttention, ValuesAndGradientsAgainstFloat64) {
 TEST(CpuAttention, MoreKeysThanQueries) {
   SKIP_WITHOUT_FUSED_ATTENTION();
   const int64_t b = 2, t = 20, keys = 36, h = 4, kvh = 2, hd = 8;
-  const auto mask = torch::ones({t, keys}, torch::kBool).triu(keys - t + 1).view({1, 1, t, keys});
-  for (double p : {0.0, 0.2}) {
-    SCOPED_TRACE(::testing::Message() << "p " << p);
+  const auto shared =
+      torch::ones({t, keys}, torch::kBool).triu(keys - t + 1).view({1, 1, t, keys});
+  // Per batch: batch 1 also has its first 5 keys masked (its mask rows at another offset).
+  auto per_batch = shared.repeat({b, 1, 1, 1});
+  per_batch[1].narrow(2, 0, 5).fill_(true);
+  for (const auto& [mask, p] : {std::pair{shared, 0.0}, std::pair{shared, 0.2},
+                                std::pair{per_batch, 0.0}, std::pair{per_batch, 0.2}}) {
+    SCOPED_TRACE(::testing::Message() << "p " << p << " mask batch " << mask.size(0));
     torch::manual_seed(21);
     const auto q0 = torch::randn({b, t, h, hd}).to(torch::kBFloat16);
     const auto k0 = torch::randn({b, keys, kvh, hd}).to(torch::kBFloat16);
