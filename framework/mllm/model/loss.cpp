@@ -1,5 +1,7 @@
-// Summed token cross-entropy that ignores pad targets, as one autograd node: the forward pass
-// keeps the softmax it computes, the backward pass turns it into the gradient in place.
+// Summed token cross-entropy that ignores pad targets, as one autograd node (loss.h): on the CPU
+// row passes that keep the logits and per-row statistics and recompute the softmax in the
+// backward pass; elsewhere float32 logits keep the softmax, which the backward pass turns into
+// the gradient in place.
 #include "mllm/model/loss.h"
 
 #include <algorithm>
@@ -25,9 +27,10 @@ std::string shape_of(const torch::Tensor& t) {
   return s + "]";
 }
 
-// Rows per chunk on CPU: about 1 MiB of float32 logits, so that the max, exp, sum and scale
-// passes over a chunk run in cache instead of streaming the whole [rows, vocab] matrix four
-// times. On an accelerator one chunk (each op is one kernel launch there).
+// Rows per chunk of the ATen-op paths (half logits on the CPU): about 1 MiB of float32 logits,
+// so that the max, exp, sum and scale passes over a chunk run in cache instead of streaming the
+// whole [rows, vocab] matrix four times. On an accelerator one chunk (each op is one kernel
+// launch there).
 int64_t chunk_rows(const torch::Tensor& x) {
   if (!x.device().is_cpu()) return std::max<int64_t>(1, x.size(0));
   return std::max<int64_t>(1, (int64_t{1} << 18) / x.size(1));
@@ -236,8 +239,8 @@ torch::Tensor row_lse_reduced(const torch::Tensor& x) {
   return lse;
 }
 
-// x [rows, vocab] bf16 or half, targets [rows] int64, lse [rows] float32 -> [] float32: the sum
-// over non-pad rows of lse - x[target].
+// x [rows, vocab] bf16, half or float32, targets [rows] int64, lse [rows] float32 -> []
+// float32: the sum over non-pad rows of lse - x[target].
 torch::Tensor reduced_loss_sum(const torch::Tensor& x, const torch::Tensor& targets,
                                const torch::Tensor& lse) {
   torch::Tensor target_logit = x.gather(1, targets.unsqueeze(1)).squeeze(1).to(torch::kFloat);

@@ -16,11 +16,13 @@ namespace mllm {
 // - float32 (and float64, computed in float32) logits on the CPU: the forward pass keeps the
 //   logits and each row's maximum and sum of exp(x - max) (two passes over each row in cache,
 //   mllm's vectorized exp: Cephes' expf, 1-2 units in the last place); the backward pass
-//   recomputes exp(x - max) and writes (softmax - one-hot) * upstream in one pass;
-// - float32 logits on a GPU: the forward pass keeps softmax(logits) in one [batch * seq, vocab]
-//   float32 buffer with one exp per element, and the backward pass turns that buffer into the
-//   gradient in place, so such a loss can be backpropagated once (retain_graph is refused with
-//   mllm::Error);
+//   recomputes exp(x - max) and writes (softmax - one-hot) * upstream in one pass (a logit more
+//   than 87 below its row's maximum, -inf included, gets e^-87 / sum ~ 1.6e-38 / sum of the
+//   upstream gradient, where ATen's exp gives the smaller true value or 0);
+// - float32 and float64 logits off the CPU (a GPU): the forward pass keeps softmax(logits) in one
+//   [batch * seq, vocab] float32 buffer with one exp per element, and the backward pass turns
+//   that buffer into the gradient in place, so such a loss can be backpropagated once
+//   (retain_graph is refused with mllm::Error);
 // - bf16 / half logits (bf16 autocast): the forward pass keeps the logits and a float32
 //   log-sum-exp per row; the backward pass recomputes exp(x - lse) in float32 and returns the
 //   gradient in the logits' dtype, rounded once.

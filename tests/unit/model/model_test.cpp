@@ -941,15 +941,17 @@ TEST(LossTest, HandComputedGradientAndChunkBoundaries) {
   EXPECT_LE((logits.grad() - expected).abs().max().item<double>(), 1e-6);
 
   // On the CPU the loss keeps the logits, not a softmax buffer that becomes the gradient: a
-  // second backward through it (retain_graph) gives the same gradient again.
-  logits.mutable_grad().zero_();
+  // second backward through it (retain_graph) gives the same gradient again (upstream 1 here).
   auto again = lm_loss_sum(logits, targets);
-  again.backward(torch::Tensor(), /*retain_graph=*/true);
-  again.backward();
-  EXPECT_LE((logits.grad() - expected).abs().max().item<double>(), 1e-6);
+  for (bool retain : {true, false}) {
+    logits.mutable_grad().zero_();
+    again.backward(torch::Tensor(), retain);
+    EXPECT_LE((logits.grad() - expected / 2).abs().max().item<double>(), 1e-6) << retain;
+  }
 
-  // Many rows of a wide vocabulary (several CPU chunks of 2^18 logits, a ragged last one):
-  // value and gradient against float64 log-softmax computed by the formula, not by this code.
+  // Many rows of a wide vocabulary (on a GPU, several chunks of 2^18 logits, a ragged last
+  // one; on the CPU rows split among threads): value and gradient against float64 log-softmax
+  // computed by the formula, not by this code.
   const int64_t rows = 301, vocab = 3000;
   auto x = torch::randn({1, rows, vocab}, torch::kDouble) * 3.0;
   auto t = torch::randint(0, vocab, {1, rows}, torch::kLong);
@@ -1022,11 +1024,11 @@ TEST(LossTest, BFloat16LogitsNarrowVocabulary) {
 }
 
 // Float32 logits on the CPU (the row kernels of loss.cpp) with a vocabulary narrower than one
-// 16-lane vector (scalar tails only) and one of 16 + 3 (a vector and a tail), pad rows and an
-// upstream gradient of 3: value and gradient against float64 by the formula; pad rows get
-// exactly 0.
+// 16-lane vector (scalar tails only), one of 16 + 3 (a vector and a tail) and one of 32 (vectors
+// only), pad rows and an upstream gradient of 3: value and gradient against float64 by the
+// formula; pad rows get exactly 0.
 TEST(LossTest, Float32NarrowVocabulariesAndPadRows) {
-  for (int64_t vocab : {5, 19}) {
+  for (int64_t vocab : {5, 19, 32}) {
     SCOPED_TRACE(vocab);
     torch::manual_seed(7);
     auto xd = torch::randn({2, 3, vocab}, torch::kDouble) * 4.0;
