@@ -55,32 +55,25 @@ void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends)
   }
 }
 
-// The mask's 16 bool bytes as the score bias: -inf where masked, 0 elsewhere (added, so that a
-// +inf or NaN score at a masked key still makes its row NaN, as the unfused path's bias does).
-[[gnu::always_inline]] inline Floats bias_of(Bytes m) {
-  return __builtin_convertvector(m, Ints) != 0 ? splat(kNegInf) : Floats{};
-}
-
 // One head's rows of the forward pass. s [rows, keys] float32 scores (overwritten; only the
-// first row_end(limit[r]) keys of row r are read), mask [rows, keys] bool bytes (nonzero:
-// masked; -inf is added to its score), limit [rows] its row_limits -> y [rows, keys] bf16 = the
-// softmax over the unmasked keys, rounded once (a row with every key masked: 1 / keys each, as
-// masked_fill(-1e9) gives in float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0
-// with mllm::dropout's mask for element pair0 * 2 + r * keys + k of the [batch, heads, seq,
-// keys] probabilities. Compiled three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA,
-// baseline; chosen when the library loads): the v3 and v4 versions contract multiply-adds alike,
-// so they give the same bits; the baseline version (no FMA) may differ in the last bit of a
-// float32 value. keys even.
+// first row_end(limit[r]) keys of row r are read), bias [rows, keys] the mask as 0 / -inf,
+// limit [rows] its row_limits -> y [rows, keys] bf16 = the softmax over the unmasked keys,
+// rounded once (a row with every key masked: 1 / keys each, as masked_fill(-1e9) gives in
+// float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0 with mllm::dropout's mask
+// for element pair0 * 2 + r * keys + k of the [batch, heads, seq, keys] probabilities. Compiled
+// three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline; chosen when the library
+// loads): the v3 and v4 versions contract multiply-adds alike, so they give the same bits; the
+// baseline version (no FMA) may differ in the last bit of a float32 value. keys even.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-void softmax_dropout_rows(float* __restrict s, const uint8_t* __restrict mask,
+void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
                           const int32_t* __restrict limit, uint16_t* __restrict y,
                           uint16_t* __restrict yd, int64_t rows, int64_t keys, int64_t pair0,
                           uint64_t seed, uint32_t threshold, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * keys;
-    const uint8_t* mr = mask + r * keys;
+    const float* br = bias + r * keys;
     uint16_t* yr = y + r * keys;
     const int64_t end = limit[r] == 0 ? keys : row_end(limit[r], keys);
     const int64_t vend = end / kLanes * kLanes;
@@ -90,11 +83,11 @@ void softmax_dropout_rows(float* __restrict s, const uint8_t* __restrict mask,
     } else {
       Floats lanes = splat(kNegInf);
       for (int64_t k = 0; k < vend; k += kLanes) {
-        const Floats v = load<Floats>(sr + k) + bias_of(load<Bytes>(mr + k));
+        const Floats v = load<Floats>(sr + k) + load<Floats>(br + k);
         store(sr + k, v);
         lanes = v > lanes ? v : lanes;
       }
-      for (int64_t k = vend; k < end; ++k) sr[k] += mr[k] != 0 ? kNegInf : 0.0f;
+      for (int64_t k = vend; k < end; ++k) sr[k] += br[k];
       float mx = kNegInf;
       for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
       for (int64_t k = vend; k < end; ++k) mx = sr[k] > mx ? sr[k] : mx;
@@ -219,11 +212,11 @@ int to_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-// The mask as the passes read it: limit [batch or 1, seq] int32 (row_limits) and ends
-// [batch or 1, row blocks] int32 (block_ends); the forward's row pass also reads the mask's
-// bytes (Problem::mask).
+// The mask as the passes read it: bias [batch or 1, seq, keys] float32 (0 where allowed, -inf
+// where masked: added to the scores), limit [batch or 1, seq] int32 (row_limits) and ends
+// [batch or 1, row blocks] int32 (block_ends).
 struct MaskRows {
-  torch::Tensor limit, ends;
+  torch::Tensor bias, limit, ends;
 };
 MaskRows mask_rows(const torch::Tensor& mask) {
   const int64_t n = mask.size(0), rows = mask.size(2), keys = mask.size(3);
@@ -237,6 +230,8 @@ MaskRows mask_rows(const torch::Tensor& mask) {
   for (int64_t i = 0; i < n; ++i)
     block_ends(m.limit.data_ptr<int32_t>() + i * rows, rows, keys,
                m.ends.data_ptr<int32_t>() + i * blocks);
+  m.bias = torch::zeros({n, rows, keys}, mask.options().dtype(torch::kFloat))
+               .masked_fill_(mask.view({n, rows, keys}), kNegInf);
   return m;
 }
 
@@ -244,21 +239,19 @@ MaskRows mask_rows(const torch::Tensor& mask) {
 struct Problem {
   int64_t batch, seq, heads, keys, kv_heads, head_dim;
   float alpha;                 // the score scale
-  const uint8_t* mask;         // the bool mask's bytes (null in the backward pass: not read)
+  const float* bias;           // MaskRows::bias (null in the backward pass, which reads none)
   const int32_t* limit;        // MaskRows::limit
   const int32_t* ends;         // MaskRows::ends
-  int64_t mask_batch_stride;   // seq * keys, 0 for a mask shared by the batch
+  int64_t bias_batch_stride;   // seq * keys, 0 for a mask shared by the batch
   int64_t limit_batch_stride;  // seq, or 0
   int64_t ends_batch_stride;   // row blocks, or 0
-  const uint8_t* mask_of(int64_t b) const { return mask + b * mask_batch_stride; }
+  const float* bias_of(int64_t b) const { return bias + b * bias_batch_stride; }
   const int32_t* limit_of(int64_t b) const { return limit + b * limit_batch_stride; }
   const int32_t* ends_of(int64_t b) const { return ends + b * ends_batch_stride; }
 };
 
-// mask: the contiguous bool mask [batch or 1, 1, seq, keys] the rows were made from, or undefined
-// (the backward pass).
-Problem problem_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& mask,
-                   const MaskRows& m, double scale) {
+Problem problem_of(const torch::Tensor& q, const torch::Tensor& k, const MaskRows& m,
+                   double scale) {
   const bool shared = m.limit.size(0) == 1;
   return {q.size(0),
           q.size(1),
@@ -267,7 +260,7 @@ Problem problem_of(const torch::Tensor& q, const torch::Tensor& k, const torch::
           k.size(2),
           q.size(3),
           static_cast<float>(scale),
-          mask.defined() ? reinterpret_cast<const uint8_t*>(mask.const_data_ptr()) : nullptr,
+          m.bias.defined() ? m.bias.const_data_ptr<float>() : nullptr,
           m.limit.const_data_ptr<int32_t>(),
           m.ends.const_data_ptr<int32_t>(),
           shared ? 0 : q.size(1) * k.size(1),
@@ -306,7 +299,7 @@ torch::Tensor attention_forward(const Problem& pb, const Heads& q, const Heads& 
                                           : yd_scratch.data();
         gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, static_cast<int>(rows), ends[i], mh,
              pb.alpha, q.at(b, h) + r0 * q.ld, ldq, k.at(b, kh), ldk, 0.0f, s.data(), mk);
-        softmax_dropout_rows(s.data(), pb.mask_of(b) + r0 * keys, pb.limit_of(b) + r0, yb, ydb,
+        softmax_dropout_rows(s.data(), pb.bias_of(b) + r0 * keys, pb.limit_of(b) + r0, yb, ydb,
                              rows, keys, (task * t + r0) * keys / 2,
                              drop != nullptr ? drop->seed : 0,
                              drop != nullptr ? drop->threshold : 0,
@@ -328,7 +321,7 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
     torch::Tensor qk, kk, vk;
     const Heads qh = heads_of(q, qk), kh = heads_of(k, kk), vh = heads_of(v, vk);
     const MaskRows rows = mask_rows(mask);
-    const Problem pb = problem_of(q, k, mask, rows, scale);
+    const Problem pb = problem_of(q, k, rows, scale);
     std::optional<DropoutDraw> drop;
     if (p > 0.0) drop = draw_dropout(p);
     const auto bf16 = q.options().dtype(torch::kBFloat16);
@@ -351,13 +344,12 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
     const auto saved = ctx->get_saved_variables();
     torch::Tensor qk, kk, vk;
     const Heads q = heads_of(saved[0], qk), k = heads_of(saved[1], kk), v = heads_of(saved[2], vk);
-    const MaskRows rows{saved[3], saved[4]};
+    const MaskRows rows{torch::Tensor(), saved[3], saved[4]};
     const torch::Tensor& y = saved[5];
     const double drop_scale = ctx->saved_data["drop_scale"].toDouble();
     const bool dropout = drop_scale != 0.0;
     const torch::Tensor& yd = saved[6];
-    const Problem pb =
-        problem_of(qk, kk, torch::Tensor(), rows, ctx->saved_data["scale"].toDouble());
+    const Problem pb = problem_of(qk, kk, rows, ctx->saved_data["scale"].toDouble());
     const torch::Tensor d_out = grads[0].to(torch::kBFloat16).contiguous();
     const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
     // dq, dk and dv side by side in one [batch, seq, heads + 2 kv_heads, head_dim] buffer (where
@@ -501,7 +493,7 @@ torch::Tensor cpu_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
   if (drop > 0.0) d = draw_dropout(drop);
   RECORD_FUNCTION("mllm::cpu_attention_bf16", std::vector<c10::IValue>({q, k, v}));
   const MaskRows rows = mask_rows(mask);
-  return attention_forward(problem_of(q, k, mask, rows, scale), qh, kh, vh, d ? &*d : nullptr,
+  return attention_forward(problem_of(q, k, rows, scale), qh, kh, vh, d ? &*d : nullptr,
                            torch::Tensor(), torch::Tensor(), q.options());
 }
 

@@ -18,7 +18,6 @@ typedef float Floats __attribute__((vector_size(kLanes * 4)));
 typedef int32_t Ints __attribute__((vector_size(kLanes * 4)));
 typedef uint32_t Uints __attribute__((vector_size(kLanes * 4)));
 typedef uint16_t Halves __attribute__((vector_size(kLanes * 2)));
-typedef uint8_t Bytes __attribute__((vector_size(kLanes)));
 
 template <typename V, typename T>
 [[gnu::always_inline]] inline V load(const T* p) {
