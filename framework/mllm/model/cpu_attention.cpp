@@ -434,8 +434,8 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
       // dk and dv of (batch, key/value head, key row): the group's slots added in head order and
       // rounded, split over all the rows (elementwise: the same bits however split).
       at::parallel_for(0, pb.batch * pb.kv_heads * keys, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t at = begin; at < end;) {
-          const int64_t bkh = at / keys, r0 = at % keys, r1 = std::min(keys, r0 + (end - at));
+        for (int64_t row = begin; row < end;) {
+          const int64_t bkh = row / keys, r0 = row % keys, r1 = std::min(keys, r0 + (end - row));
           const int64_t b = bkh / pb.kv_heads, kh = bkh % pb.kv_heads, n = (r1 - r0) * hd;
           float* first = partial_p + (b * pb.heads + kh * group) * 2 * kv_elems + r0 * hd;
           for (int64_t j = 1; j < group; ++j) {
@@ -445,7 +445,7 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
           round_rows(first, r1 - r0, hd, dk_p + b * dkv_batch + r0 * ld_dkv + kh * hd, ld_dkv);
           round_rows(first + kv_elems, r1 - r0, hd, dv_p + b * dkv_batch + r0 * ld_dkv + kh * hd,
                      ld_dkv);
-          at += r1 - r0;
+          row += r1 - r0;
         }
       });
     }
