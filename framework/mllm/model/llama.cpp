@@ -119,13 +119,24 @@ Llama::Llama(const LlamaOptions& o)
                        {"attn.o_proj.weight", "ffn.down_proj.weight"});
 }
 
-torch::Tensor Llama::forward(const torch::Tensor& tokens) { return run(tokens, nullptr); }
-
-torch::Tensor Llama::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
-  return run(tokens, &cache);
+// Under bf16 autocast the logits are bf16: lm_loss_sum works on them in float32.
+torch::Tensor Llama::forward(const torch::Tensor& tokens) {
+  const torch::Tensor x = hidden(tokens, nullptr);
+  return options_.tie_embeddings ? torch::linear(x, tok_emb->weight) : linear(lm_head, x);
 }
 
-torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
+torch::Tensor Llama::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
+  const torch::Tensor x = hidden(tokens, &cache);
+  return options_.tie_embeddings ? torch::linear(x, tok_emb->weight) : linear(lm_head, x);
+}
+
+torch::Tensor Llama::forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  const torch::Tensor x = hidden(tokens, nullptr);
+  return options_.tie_embeddings ? head_loss(x, tok_emb->weight, torch::Tensor(), targets)
+                                 : head_loss(lm_head, x, targets);
+}
+
+torch::Tensor Llama::hidden(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t offset = cache != nullptr ? cache->length : 0;
   check_tokens(tokens, offset, options_.max_seq_len,
                        cache != nullptr ? "llama forward_cached" : "llama forward");
@@ -144,11 +155,8 @@ torch::Tensor Llama::run(const torch::Tensor& tokens, KVCache* cache) {
       return block->forward(in, blocked, *rope, 0, nullptr, nullptr);
     });
   }
-  x = norm(x);
-  auto logits = options_.tie_embeddings ? torch::linear(x, tok_emb->weight)
-                                        : linear(lm_head, x);
   if (cache != nullptr) cache->length += t;
-  return logits;  // bf16 under bf16 autocast: lm_loss_sum works in float32
+  return norm(x);
 }
 
 int64_t Llama::flops_per_token(int64_t seq_len) const {

@@ -97,6 +97,8 @@ class Llama : public LanguageModel {
 
   torch::Tensor forward(const torch::Tensor& tokens) override;
   torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) override;
+  // head_loss (model.h) over the last hidden states: on the CPU in float32 without logits.
+  torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   int64_t vocab_size() const override { return options_.vocab_size; }
   int64_t max_seq_len() const override { return options_.max_seq_len; }
   // N counts every parameter except the token table, plus V d for the head when it is tied.
@@ -111,7 +113,9 @@ class Llama : public LanguageModel {
   torch::nn::Linear lm_head{nullptr};  // null when tie_embeddings
 
  private:
-  torch::Tensor run(const torch::Tensor& tokens, KVCache* cache);
+  // tokens [batch, seq] -> the hidden states the head reads [batch, seq, d_model]; with a
+  // cache, at positions cache->length.. (which it then advances by seq).
+  torch::Tensor hidden(const torch::Tensor& tokens, KVCache* cache);
 
   LlamaOptions options_;
   std::shared_ptr<Rotary> rope_;  // submodule "rope" (buffers only, not in checkpoints)

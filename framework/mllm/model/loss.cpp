@@ -8,13 +8,17 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 
 #include "mllm/core/error.h"
+#include "mllm/model/bf16_linear.h"
 #include "mllm/model/model.h"
 #include "mllm/model/vec16.h"
 
@@ -179,6 +183,79 @@ void ce_grad_rows_f32(const float* __restrict x, const float* __restrict mx,
       store(out + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
     for (int64_t k = vend; k < vocab; ++k) out[k] = exp_nonpositive(row[k] - m) * f;
     out[targets[r]] -= scale[r];
+  }
+}
+
+// Rows rb..re-1 of x [rows, vocab] float32 (the head's products without the bias) -> x + bias
+// in place (bias [vocab] float32), then mx and sum as softmax_stats_rows_f32: the bias added in
+// the pass that finds the row's maximum, while the row is in cache, instead of a copy of the
+// bias into every row before the product. Compiled as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void add_bias_softmax_stats_rows_f32(float* __restrict x, const float* __restrict bias,
+                                     int64_t rb, int64_t re, int64_t vocab, float* __restrict mx,
+                                     float* __restrict sum) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    float* row = x + r * vocab;
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(row + k, load<Floats>(row + k) + load<Floats>(bias + k));
+    for (int64_t k = vend; k < vocab; ++k) row[k] += bias[k];
+    row_max_and_sum(row, vocab, mx[r], sum[r]);
+  }
+}
+
+// Rows rb..re-1 of float32 logits x [rows, vocab] with mx [rows] and sum [rows]
+// (softmax_stats_rows_f32), valid [rows] (1 on real targets, 0 on pad targets), targets [rows]
+// -> x overwritten with the gradient of the summed loss for an upstream gradient of 1:
+// exp(x - mx) * (valid / sum), minus valid at the target ((softmax - one-hot) on real rows, 0 on
+// pad rows). ce_grad_rows_f32 in place (that kernel's restrict pointers forbid x == grad), for
+// the fused head (lm_head_loss_sum). Compiled as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void ce_grad_rows_f32_in_place(float* __restrict x, const float* __restrict mx,
+                               const float* __restrict sum, const float* __restrict valid,
+                               const int64_t* __restrict targets, int64_t rb, int64_t re,
+                               int64_t vocab) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    float* row = x + r * vocab;
+    const float m = mx[r], f = valid[r] / sum[r];
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(row + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
+    for (int64_t k = vend; k < vocab; ++k) row[k] = exp_nonpositive(row[k] - m) * f;
+    row[targets[r]] -= valid[r];
+  }
+}
+
+// Rows rb..re-1 of float32 logits x [rows, vocab] with mx, sum, valid and targets as
+// ce_grad_rows_f32_in_place -> g [rows, vocab] bf16 (bit patterns): that kernel's float32
+// gradient (softmax - one-hot on real rows, 0 on pad rows) rounded to bf16 once, for the bf16
+// products of the fused head under bf16 autocast. Compiled as lse_rows_bf16.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void ce_grad_rows_f32_to_bf16(const float* __restrict x, const float* __restrict mx,
+                              const float* __restrict sum, const float* __restrict valid,
+                              const int64_t* __restrict targets, int64_t rb, int64_t re,
+                              int64_t vocab, uint16_t* __restrict g) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  using c10::detail::round_to_nearest_even;
+  const int64_t vend = vocab / kLanes * kLanes;
+  for (int64_t r = rb; r < re; ++r) {
+    const float* row = x + r * vocab;
+    uint16_t* out = g + r * vocab;
+    const float m = mx[r], f = valid[r] / sum[r];
+    for (int64_t k = 0; k < vend; k += kLanes)
+      store(out + k, to_bf16(exp_nonpositive(load<Floats>(row + k) - m) * f));
+    for (int64_t k = vend; k < vocab; ++k)
+      out[k] = round_to_nearest_even(exp_nonpositive(row[k] - m) * f);
+    const int64_t t = targets[r];
+    out[t] = round_to_nearest_even(exp_nonpositive(row[t] - m) * f - valid[r]);
   }
 }
 
@@ -361,6 +438,233 @@ class SummedCrossEntropy : public torch::autograd::Function<SummedCrossEntropy> 
     return {grad, torch::Tensor()};
   }
 };
+
+// Rows per chunk of the fused head (lm_head_loss_sum): 2^20 logits (4 MiB of float32), at least
+// 64 rows, so that the chunk's logits stay in cache from the head's product through the row
+// passes to the two gradient products, and those products keep a useful size (at the small
+// shape, vocab 8192 and d_model 512, 128 to 512 rows ran alike; 32 rows ~1.6x slower).
+int64_t head_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(vocab, 1));
+}
+
+// The fused head's loss and, where asked for, the gradients for an upstream gradient of 1.
+struct HeadLoss {
+  torch::Tensor loss;        // [] float32
+  torch::Tensor dx, dw, db;  // [rows, d], [vocab, d], [vocab] float32; undefined unless asked
+};
+
+// x [rows, d] float32 contiguous, weight [vocab, d] float32 contiguous, bias [vocab] float32 or
+// undefined, targets [rows] int64 contiguous (ids checked) on the CPU -> HeadLoss, chunk by chunk
+// of head_chunk_rows rows: logits = x_c weight^T into one reused buffer, the bias added in the
+// pass that takes the row maxima and sums of exp (add_bias_softmax_stats_rows_f32; as addmm,
+// one rounding of product + bias), the target logits, then, for gradients, the
+// buffer turned into (softmax - one-hot) in place (ce_grad_rows_f32_in_place), dx_c = g_c weight,
+// dw += g_c^T x_c, db += the column sums of g_c. The loss is the unfused path's formula over the
+// same per-row values: sum over real rows of log(sum) + max - x[target].
+HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias, const torch::Tensor& targets, bool want_dx,
+                          bool want_dw, bool want_db) {
+  const int64_t rows = x.size(0), d = x.size(1), vocab = weight.size(0);
+  const int64_t step = std::max<int64_t>(1, std::min(rows, head_chunk_rows(vocab)));
+  const auto opts = x.options();
+  torch::Tensor logits = torch::empty({step, vocab}, opts);
+  torch::Tensor mx = torch::empty({rows}, opts), sum = torch::empty({rows}, opts);
+  torch::Tensor target_logit = torch::empty({rows}, opts);
+  const torch::Tensor valid = targets.ne(kPadId).to(torch::kFloat);
+  HeadLoss out;
+  if (want_dx) out.dx = torch::empty({rows, d}, opts);
+  if (want_dw) out.dw = rows > 0 ? torch::empty({vocab, d}, opts) : torch::zeros({vocab, d}, opts);
+  if (want_db) out.db = torch::zeros({vocab}, opts);
+  const torch::Tensor wt = weight.t();
+  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>(), *tlp = target_logit.data_ptr<float>();
+  const float* vp = valid.const_data_ptr<float>();
+  const float* bp = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  const int64_t* tp = targets.const_data_ptr<int64_t>();
+  const int64_t grain = grain_rows(vocab);
+  for (int64_t start = 0; start < rows; start += step) {
+    const int64_t n = std::min(step, rows - start);
+    const torch::Tensor xc = x.narrow(0, start, n);
+    torch::Tensor lc = logits.narrow(0, 0, n);
+    at::mm_out(lc, xc, wt);
+    float* lp = lc.data_ptr<float>();
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      if (bp != nullptr)
+        add_bias_softmax_stats_rows_f32(lp, bp, begin, end, vocab, mp + start, sp + start);
+      else
+        softmax_stats_rows_f32(lp, begin, end, vocab, mp + start, sp + start);
+    });
+    for (int64_t r = 0; r < n; ++r) tlp[start + r] = lp[r * vocab + tp[start + r]];
+    if (!want_dx && !want_dw && !want_db) continue;
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
+                                vocab);
+    });
+    if (want_dx) {
+      torch::Tensor dxc = out.dx.narrow(0, start, n);
+      at::mm_out(dxc, lc, weight);
+    }
+    if (want_dw) {
+      if (start == 0)
+        at::mm_out(out.dw, lc.t(), xc);
+      else
+        out.dw.addmm_(lc.t(), xc);
+    }
+    if (want_db) out.db.add_(lc.sum(0));
+  }
+  out.loss = (sum.log().add_(mx) - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
+  return out;
+}
+
+// The fused head and loss as one autograd node: the forward pass computes the loss and the
+// gradients for an upstream gradient of 1 (head_loss_chunks) and keeps only the gradients; the
+// backward pass multiplies them by the upstream gradient (so it may run more than once).
+class SummedHeadCrossEntropyCpu : public torch::autograd::Function<SummedHeadCrossEntropyCpu> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight,
+                               const std::optional<torch::Tensor>& bias,
+                               const torch::Tensor& targets) {
+    // (An optional bias: apply() refuses an undefined tensor argument. needs_input_grad counts
+    // the tensor arguments present, so the bias is edge 2 when there is one.)
+    const torch::Tensor b = bias.value_or(torch::Tensor());
+    HeadLoss r = head_loss_chunks(x, weight, b, targets, ctx->needs_input_grad(0),
+                                  ctx->needs_input_grad(1),
+                                  b.defined() && ctx->needs_input_grad(2));
+    if (r.dx.defined()) ctx->saved_data["dx"] = r.dx;
+    if (r.dw.defined()) ctx->saved_data["dw"] = r.dw;
+    if (r.db.defined()) ctx->saved_data["db"] = r.db;
+    return r.loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const torch::Tensor g = grad_out[0].to(torch::kFloat);
+    auto scaled = [&](const char* key) {
+      auto it = ctx->saved_data.find(key);
+      return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor() * g;
+    };
+    return {scaled("dx"), scaled("dw"), scaled("db"), torch::Tensor()};
+  }
+};
+
+// The fused head under CPU bf16 autocast, where oneMKL's bf16 GEMM is in use: x16 [rows, d] and
+// w16 [vocab, d] bf16 contiguous (autocast's casts of x and the weight), bias32 [vocab] float32
+// (the bf16 bias's values) or undefined, targets [rows] int64 contiguous -> HeadLoss (float32),
+// chunk by chunk: logits = x16_c w16^T from oneMKL's cblas_gemm_bf16bf16f32 in float32 (not
+// rounded to bf16), the bias added in the row-statistics pass, the gradient (softmax - one-hot)
+// rounded once to bf16 into g16 [rows, vocab] (ce_grad_rows_f32_to_bf16), dx_c = g16_c w16 in
+// float32; after the chunks dw = g16^T x16 and db = the column sums of g16 in float32
+// (weight_grad_float32, bias_grad_float32: one product over all rows, as the unfused head's).
+HeadLoss head_loss_chunks_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
+                               const torch::Tensor& bias32, const torch::Tensor& targets,
+                               bool want_dx, bool want_dw, bool want_db) {
+  const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+  MLLM_CHECK(gemm != nullptr, "lm_head_loss_sum: oneMKL's bf16 GEMM is not in use");
+  const int64_t rows = x16.size(0), d = x16.size(1), vocab = w16.size(0);
+  const int64_t step = std::max<int64_t>(1, std::min(rows, head_chunk_rows(vocab)));
+  const auto f32 = x16.options().dtype(torch::kFloat);
+  torch::Tensor logits = torch::empty({step, vocab}, f32);
+  torch::Tensor mx = torch::empty({rows}, f32), sum = torch::empty({rows}, f32);
+  torch::Tensor target_logit = torch::empty({rows}, f32);
+  const torch::Tensor valid = targets.ne(kPadId).to(torch::kFloat);
+  const bool grads = want_dx || want_dw || want_db;
+  torch::Tensor g16 = grads ? torch::empty({rows, vocab}, x16.options()) : torch::Tensor();
+  HeadLoss out;
+  if (want_dx) out.dx = torch::empty({rows, d}, f32);
+  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>(), *tlp = target_logit.data_ptr<float>();
+  float* lp = logits.data_ptr<float>();
+  const float* vp = valid.const_data_ptr<float>();
+  const float* bp = bias32.defined() ? bias32.const_data_ptr<float>() : nullptr;
+  const int64_t* tp = targets.const_data_ptr<int64_t>();
+  const auto* xp = static_cast<const uint16_t*>(x16.const_data_ptr());
+  const void* wp = w16.const_data_ptr();
+  auto* gp = grads ? static_cast<uint16_t*>(g16.data_ptr()) : nullptr;
+  const int64_t grain = grain_rows(vocab);
+  for (int64_t start = 0; start < rows; start += step) {
+    const int64_t n = std::min(step, rows - start);
+    {
+      RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>());
+      // logits [n, vocab] = x16 rows [n, d] times w16^T (w16 stored [vocab, d]: transposed).
+      gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, static_cast<int>(n),
+           static_cast<int>(vocab), static_cast<int>(d), 1.0f, xp + start * d,
+           static_cast<int>(d), wp, static_cast<int>(d), 0.0f, lp, static_cast<int>(vocab));
+    }
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      if (bp != nullptr)
+        add_bias_softmax_stats_rows_f32(lp, bp, begin, end, vocab, mp + start, sp + start);
+      else
+        softmax_stats_rows_f32(lp, begin, end, vocab, mp + start, sp + start);
+    });
+    for (int64_t r = 0; r < n; ++r) tlp[start + r] = lp[r * vocab + tp[start + r]];
+    if (!grads) continue;
+    uint16_t* gc = gp + start * vocab;
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      ce_grad_rows_f32_to_bf16(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
+                               vocab, gc);
+    });
+    if (want_dx) {
+      RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>());
+      // dx rows [n, d] = g16 rows [n, vocab] times w16 [vocab, d].
+      gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(n),
+           static_cast<int>(d), static_cast<int>(vocab), 1.0f, gc, static_cast<int>(vocab), wp,
+           static_cast<int>(d), 0.0f, out.dx.data_ptr<float>() + start * d, static_cast<int>(d));
+    }
+  }
+  out.loss = (sum.log().add_(mx) - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
+  if (want_dw) out.dw = weight_grad_float32(g16, x16);
+  if (want_db) out.db = bias_grad_float32(g16);
+  return out;
+}
+
+// The fused head under CPU bf16 autocast as one autograd node, as SummedHeadCrossEntropyCpu:
+// x [rows, d] float32, weight [vocab, d] float32, bias [vocab] float32 (optional), w16 and
+// bias32 (autocast's bf16 weight, and the bf16 bias's values in float32; detached: the
+// gradients go to weight and bias in float32), targets [rows].
+class SummedHeadCrossEntropyBf16 : public torch::autograd::Function<SummedHeadCrossEntropyBf16> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight,
+                               const std::optional<torch::Tensor>& bias, const torch::Tensor& w16,
+                               const std::optional<torch::Tensor>& bias32,
+                               const torch::Tensor& targets) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const torch::Tensor x16 = x.to(torch::kBFloat16).contiguous();
+    HeadLoss r = head_loss_chunks_bf16(x16, w16.contiguous(), bias32.value_or(torch::Tensor()),
+                                       targets, ctx->needs_input_grad(0),
+                                       ctx->needs_input_grad(1),
+                                       bias.has_value() && ctx->needs_input_grad(2));
+    if (r.dx.defined()) ctx->saved_data["dx"] = r.dx;
+    if (r.dw.defined()) ctx->saved_data["dw"] = r.dw;
+    if (r.db.defined()) ctx->saved_data["db"] = r.db;
+    return r.loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const torch::Tensor g = grad_out[0].to(torch::kFloat);
+    auto scaled = [&](const char* key) {
+      auto it = ctx->saved_data.find(key);
+      return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor() * g;
+    };
+    return {scaled("dx"), scaled("dw"), scaled("db"), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+// Throws mllm::Error (naming `what`) unless targets is int64 and, on the CPU, every id is in
+// [0, vocab).
+void check_target_ids(const torch::Tensor& t, int64_t vocab, const char* what) {
+  if (t.scalar_type() != torch::kLong)
+    throw Error(std::string(what) + ": targets must be int64, got " +
+                std::string(c10::toString(t.scalar_type())));
+  if (t.numel() > 0 && t.device().is_cpu()) {  // (on a GPU, gather's device assert)
+    auto [lo, hi] = torch::aminmax(t);
+    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= vocab)
+      throw Error(std::string(what) + ": target ids must be in [0, " + std::to_string(vocab) +
+                  "), got " + std::to_string(lo.item<int64_t>()) + ".." +
+                  std::to_string(hi.item<int64_t>()));
+  }
+}
 }  // namespace
 
 torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -368,20 +672,12 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
       logits.size(1) != targets.size(1))
     throw Error("lm_loss_sum: logits " + shape_of(logits) + " and targets " + shape_of(targets) +
                 " do not match; expected [batch, seq, vocab] and [batch, seq]");
-  if (targets.scalar_type() != torch::kLong)
-    throw Error("lm_loss_sum: targets must be int64, got " +
-                std::string(c10::toString(targets.scalar_type())));
   const int64_t vocab = logits.size(2);
+  check_target_ids(targets, vocab, "lm_loss_sum");
   const bool reduced = logits.scalar_type() == torch::kBFloat16 || logits.scalar_type() == torch::kHalf;
   torch::Tensor x = reduced ? logits.reshape({-1, vocab}).contiguous()
                             : logits.reshape({-1, vocab}).to(torch::kFloat).contiguous();
   torch::Tensor t = targets.reshape({-1}).contiguous();
-  if (t.numel() > 0 && t.device().is_cpu()) {  // (on a GPU, gather's device assert)
-    auto [lo, hi] = torch::aminmax(t);
-    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= vocab)
-      throw Error("lm_loss_sum: target ids must be in [0, " + std::to_string(vocab) + "), got " +
-                  std::to_string(lo.item<int64_t>()) + ".." + std::to_string(hi.item<int64_t>()));
-  }
   const bool grad = torch::GradMode::is_enabled() && x.requires_grad();
   if (reduced) {
     if (grad) return SummedCrossEntropyReduced::apply(x, t);
@@ -397,6 +693,64 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
   if (grad) return SummedCrossEntropy::apply(x, t);
   torch::NoGradGuard no_grad;
   return row_losses(x, t, torch::Tensor()).sum();
+}
+
+namespace {
+// Whether lm_head_loss_sum takes its bf16 path: CPU bf16 autocast on, grad mode on, a weight
+// that requires grad, and oneMKL's bf16 GEMM in use.
+bool bf16_head(const torch::Tensor& weight) {
+  return at::autocast::is_autocast_enabled(at::kCPU) &&
+         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
+         torch::GradMode::is_enabled() && weight.requires_grad() && bf16_weight_grad_uses_mkl();
+}
+}  // namespace
+
+bool lm_head_loss_fusable(const torch::Tensor& x, const torch::Tensor& weight) {
+  return x.is_cpu() && weight.is_cpu() && x.scalar_type() == torch::kFloat &&
+         weight.scalar_type() == torch::kFloat && weight.dim() == 2 && weight.size(0) > 0 &&
+         (!at::autocast::is_autocast_enabled(at::kCPU) || bf16_head(weight));
+}
+
+torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias, const torch::Tensor& targets) {
+  if (x.dim() != 3 || targets.dim() != 2 || x.size(0) != targets.size(0) ||
+      x.size(1) != targets.size(1) || weight.dim() != 2 || weight.size(1) != x.size(2) ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))))
+    throw Error("lm_head_loss_sum: x " + shape_of(x) + ", weight " + shape_of(weight) +
+                ", bias " + (bias.defined() ? shape_of(bias) : std::string("none")) +
+                " and targets " + shape_of(targets) +
+                " do not match; expected [batch, seq, d], [vocab, d], [vocab] or none, and "
+                "[batch, seq]");
+  if (!lm_head_loss_fusable(x, weight) || (bias.defined() && (!bias.is_cpu() ||
+                                                             bias.scalar_type() != torch::kFloat)))
+    throw Error("lm_head_loss_sum: needs float32 x, weight and bias on the CPU, outside autocast "
+                "or in bf16 training where oneMKL's bf16 GEMM is in use, "
+                "got x " + std::string(c10::toString(x.scalar_type())) + " on " +
+                x.device().str() + ", weight " + std::string(c10::toString(weight.scalar_type())) +
+                " on " + weight.device().str() + " (use lm_loss_sum on the logits)");
+  const int64_t vocab = weight.size(0);
+  check_target_ids(targets, vocab, "lm_head_loss_sum");
+  const torch::Tensor x2 = x.reshape({-1, x.size(2)}).contiguous();
+  const torch::Tensor w = weight.contiguous();
+  const torch::Tensor b = bias.defined() ? bias.contiguous() : bias;
+  const torch::Tensor t = targets.reshape({-1}).contiguous();
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (x2.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
+  const std::optional<torch::Tensor> ob = b.defined() ? std::optional(b) : std::nullopt;
+  if (at::autocast::is_autocast_enabled(at::kCPU)) {  // bf16_head(w): grad mode is on
+    // Autocast's bf16 copies (cached while the cache lives: once per optimizer step in training).
+    const torch::Tensor w16 =
+        at::autocast::cached_cast(at::kBFloat16, w, c10::DeviceType::CPU).detach();
+    std::optional<torch::Tensor> b32;
+    if (b.defined())
+      b32 = at::autocast::cached_cast(at::kBFloat16, b, c10::DeviceType::CPU)
+                .detach()
+                .to(torch::kFloat);
+    return SummedHeadCrossEntropyBf16::apply(x2, w, ob, w16, b32, t);
+  }
+  if (grad) return SummedHeadCrossEntropyCpu::apply(x2, w, ob, t);
+  torch::NoGradGuard no_grad;
+  return head_loss_chunks(x2, w, b, t, false, false, false).loss;
 }
 
 int64_t count_targets(const torch::Tensor& targets) {

@@ -30,6 +30,38 @@ namespace mllm {
 // not int64, or (CPU) a target id is outside [0, vocab).
 torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// The output head and lm_loss_sum in one, without the [batch * seq, vocab] logits in memory
+// (the "fused linear cross-entropy" of Liger Kernel, Hsu et al. 2024, arXiv:2410.10989, on the
+// CPU): x [batch, seq, d] float32 (the last hidden states), weight [vocab, d] float32, bias
+// [vocab] float32 or undefined, targets [batch, seq] int64 -> [] float32 equal to
+// lm_loss_sum(torch::linear(x, weight, bias), targets) up to float32 rounding (the same row
+// kernels over the same logits; the logits' products run on chunks of rows). The work runs
+// chunk by chunk of max(64, 2^20 / vocab) rows (4 MiB of logits), so each chunk stays in cache
+// from its product through the row passes. With grad mode on and a gradient wanted (x, weight
+// or bias requiring grad), the forward pass also computes the gradients for an upstream
+// gradient of 1 (dx = g weight, dweight = sum over chunks of g^T x, dbias = column sums of g,
+// g = softmax - one-hot on real targets, 0 on pad targets) and keeps only them ([rows, d],
+// [vocab, d], [vocab] float32: no logits); the backward pass multiplies them by the upstream
+// gradient, so it may run more than once (retain_graph). The gradients equal the unfused path's
+// up to float32 rounding (the upstream factor is applied after the products instead of before,
+// and dweight is summed over chunks).
+// Under CPU bf16 autocast (training, where oneMKL's bf16 GEMM is in use: bf16_linear.h) the
+// products run on autocast's bf16 copies of x, weight and bias: the logits come from oneMKL's
+// bf16 product in float32 and stay float32 (the unfused path rounds them to bf16), the
+// gradient (softmax - one-hot) is rounded to bf16 once for the products ([rows, vocab] bf16:
+// the only [rows, vocab] buffer), dx, dweight and dbias come back in float32 (dweight and dbias
+// as one product over all rows after the chunks).
+// Throws mllm::Error when the shapes disagree, targets is not int64 or an id is outside
+// [0, vocab), or lm_head_loss_fusable is false.
+torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias, const torch::Tensor& targets);
+
+// Whether lm_head_loss_sum takes x and weight: both float32 on the CPU, weight [vocab >= 1, d],
+// and either CPU autocast off, or CPU bf16 autocast with grad mode on, a weight that requires
+// grad and bf16_weight_grad_uses_mkl() (elsewhere under autocast the head runs as a bf16 linear
+// and lm_loss_sum takes its bf16 logits).
+bool lm_head_loss_fusable(const torch::Tensor& x, const torch::Tensor& weight);
+
 // Number of targets != kPadId in targets [batch, seq] int64 (or any shape).
 int64_t count_targets(const torch::Tensor& targets);
 

@@ -91,13 +91,20 @@ MiniLLM::MiniLLM(const MiniLLMOptions& o) : options_(o) {
   init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "ffn.fc2.weight"});
 }
 
-torch::Tensor MiniLLM::forward(const torch::Tensor& tokens) { return run(tokens, nullptr); }
-
-torch::Tensor MiniLLM::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
-  return run(tokens, &cache);
+// Under bf16 autocast the logits are bf16: lm_loss_sum works on them in float32.
+torch::Tensor MiniLLM::forward(const torch::Tensor& tokens) {
+  return linear(lm_head, hidden(tokens, nullptr));
 }
 
-torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
+torch::Tensor MiniLLM::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
+  return linear(lm_head, hidden(tokens, &cache));
+}
+
+torch::Tensor MiniLLM::forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  return head_loss(lm_head, hidden(tokens, nullptr), targets);
+}
+
+torch::Tensor MiniLLM::hidden(const torch::Tensor& tokens, KVCache* cache) {
   const int64_t offset = cache != nullptr ? cache->length : 0;
   check_tokens(tokens, offset, options_.max_seq_len,
                        cache != nullptr ? "minillm forward_cached" : "minillm forward");
@@ -118,9 +125,8 @@ torch::Tensor MiniLLM::run(const torch::Tensor& tokens, KVCache* cache) {
       return block->forward(in, blocked, 0, nullptr, nullptr);
     });
   }
-  auto logits = linear(lm_head, x);  // bf16 under bf16 autocast: lm_loss_sum works in float32
   if (cache != nullptr) cache->length += t;
-  return logits;
+  return x;
 }
 
 int64_t MiniLLM::flops_per_token(int64_t seq_len) const {

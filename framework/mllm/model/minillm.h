@@ -75,6 +75,8 @@ class MiniLLM : public LanguageModel {
 
   torch::Tensor forward(const torch::Tensor& tokens) override;
   torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) override;
+  // head_loss (model.h) over the last hidden states: on the CPU in float32 without logits.
+  torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   int64_t vocab_size() const override { return options_.vocab_size; }
   int64_t max_seq_len() const override { return options_.max_seq_len; }
   int64_t flops_per_token(int64_t seq_len) const override;
@@ -87,7 +89,9 @@ class MiniLLM : public LanguageModel {
   torch::nn::Linear lm_head{nullptr};
 
  private:
-  torch::Tensor run(const torch::Tensor& tokens, KVCache* cache);
+  // tokens [batch, seq] -> the hidden states the head reads [batch, seq, d_model]; with a
+  // cache, at positions cache->length.. (which it then advances by seq).
+  torch::Tensor hidden(const torch::Tensor& tokens, KVCache* cache);
 
   MiniLLMOptions options_;
   std::vector<detail::MiniLLMBlock> blocks_;  // the same modules as `layers`, typed

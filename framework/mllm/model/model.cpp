@@ -13,9 +13,15 @@
 #include "mllm/core/error.h"
 #include "mllm/model/bf16_linear.h"
 #include "mllm/model/llama.h"
+#include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
 
 namespace mllm {
+
+torch::Tensor LanguageModel::forward_loss(const torch::Tensor& tokens,
+                                          const torch::Tensor& targets) {
+  return lm_loss_sum(forward(tokens), targets);
+}
 
 int64_t LanguageModel::num_params() const {
   std::unordered_set<const void*> seen;
@@ -129,6 +135,19 @@ bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   if (bf16_training_linear(layer, x)) return bf16_autocast_linear(x, layer->weight, layer->bias);
   return torch::linear(x, layer->weight, layer->bias);
+}
+
+torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
+                        const torch::Tensor& bias, const torch::Tensor& targets) {
+  if (lm_head_loss_fusable(x, weight)) return lm_head_loss_sum(x, weight, bias, targets);
+  return lm_loss_sum(torch::linear(x, weight, bias), targets);
+}
+
+torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
+                        const torch::Tensor& targets) {
+  if (lm_head_loss_fusable(x, head->weight))
+    return lm_head_loss_sum(x, head->weight, head->bias, targets);
+  return lm_loss_sum(linear(head, x), targets);
 }
 
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,

@@ -81,6 +81,13 @@ class LanguageModel : public torch::nn::Module {
   // one.
   virtual torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) = 0;
 
+  // tokens [batch, seq] int64 (as forward), targets [batch, seq] int64 -> [] float32: the
+  // summed loss lm_loss_sum(forward(tokens), targets) (loss.h), what training and evaluation
+  // compute. The built-in families run their output head and the loss as one through head_loss
+  // (no [batch * seq, vocab] logits in float32 on the CPU); this default calls forward and
+  // lm_loss_sum. Throws what forward and lm_loss_sum throw.
+  virtual torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_seq_len() const = 0;
 
@@ -157,6 +164,18 @@ void register_builtin_models();
 // bf16_autocast_linear (bf16_linear.h): the same forward values, the weight gradient computed in
 // float32 by oneMKL. Same errors as torch::linear.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
+
+// The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
+// seq] int64 -> [] float32: lm_head_loss_sum(x, weight, bias, targets) where
+// lm_head_loss_fusable(x, weight) (float32 on the CPU outside autocast), else
+// lm_loss_sum(torch::linear(x, weight, bias), targets). bias may be undefined. Same errors as
+// those.
+torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
+                        const torch::Tensor& bias, const torch::Tensor& targets);
+// The same for a Linear head, whose logits go through linear() (its bf16 training path) when
+// not fused.
+torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
+                        const torch::Tensor& targets);
 
 // relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
 // op (bf16_autocast_linear with relu: oneDNN applies the ReLU to the float32 accumulator before

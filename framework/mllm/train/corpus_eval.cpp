@@ -57,7 +57,7 @@ CorpusEvalResult evaluate_corpus(LanguageModel& model, const Tokenizer& tokenize
       targets[i].narrow(0, 0, len).copy_(all.narrow(0, start + 1, len));
     }
     tokens += static_cast<double>(count_targets(targets));
-    loss_sum += lm_loss_sum(model.forward(inputs.to(device)), targets.to(device)).item<double>();
+    loss_sum += model.forward_loss(inputs.to(device), targets.to(device)).item<double>();
   }
   if (was_training) model.train();
   torch::Tensor red = torch::tensor({loss_sum, tokens}, torch::kFloat64);

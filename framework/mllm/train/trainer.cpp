@@ -861,7 +861,7 @@ StepMetrics Trainer::train_step() {
     {
       trace::Scope range("forward");
       Autocast autocast(bf16, device_, /*keep_cache=*/keep_casts);
-      loss = lm_loss_sum(model_->forward(batches[a].inputs), batches[a].targets);
+      loss = model_->forward_loss(batches[a].inputs, batches[a].targets);
     }
     if (inject_nan && a == 0) loss = loss * std::numeric_limits<float>::quiet_NaN();
     m.forward_ms += ms_since(t0);
@@ -1026,7 +1026,7 @@ EvalMetrics Trainer::evaluate() {
     count += static_cast<double>(count_targets(batch.targets));
     batch = to_device(std::move(batch), device_);
     Autocast autocast(r.train.precision == "bf16", device_);
-    sum += lm_loss_sum(model_->forward(batch.inputs), batch.targets).item<double>();
+    sum += model_->forward_loss(batch.inputs, batch.targets).item<double>();
   }
   model_->train();
   torch::Tensor red = torch::tensor({sum, count}, torch::kFloat64);

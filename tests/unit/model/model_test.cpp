@@ -249,6 +249,64 @@ TEST(AttentionImpl, AutoIsSdpaOnCudaOnly) {
   EXPECT_FALSE(uses_sdpa("eager", torch::Device(torch::kCUDA, 0)));
 }
 
+// forward_loss (the fused head on the CPU in float32) against lm_loss_sum over forward's logits:
+// the same loss and the same gradient for every parameter up to float32 rounding, with pad
+// targets; for llama also with the head tied to the token table. Under bf16 autocast
+// forward_loss takes the unfused path: the same loss bits.
+TEST_P(FamilyTest, ForwardLossEqualsLossOfForward) {
+  for (bool tied : {false, true}) {
+    if (tied && GetParam() != "llama") continue;
+    SCOPED_TRACE(tied ? "tied head" : "untied head");
+    ModelConfig c = tiny_config(GetParam());
+    c.tie_embeddings = tied;
+    auto fused = make_model(c), unfused = make_model(c);
+    fused->train();
+    unfused->train();
+    auto tokens = random_tokens(3, 8, kVocab, 21);
+    auto targets = random_tokens(3, 8, kVocab, 22);
+    targets[1].narrow(0, 5, 3).zero_();
+    auto lf = fused->forward_loss(tokens, targets);
+    auto lu = lm_loss_sum(unfused->forward(tokens), targets);
+    EXPECT_NEAR(lf.item<double>(), lu.item<double>(), 1e-6 * std::abs(lu.item<double>()));
+    (lf * 0.25).backward();
+    (lu * 0.25).backward();
+    auto pu = unfused->named_parameters();
+    for (const auto& p : fused->named_parameters()) {
+      const torch::Tensor& gu = pu[p.key()].grad();
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_LE(max_abs_diff(p.value().grad(), gu), 1e-5 * gu.abs().max().item<double>() + 1e-9)
+          << p.key();
+    }
+    {
+      CpuBf16Autocast autocast;
+      torch::NoGradGuard no_grad;
+      EXPECT_EQ(fused->forward_loss(tokens, targets).item<float>(),
+                lm_loss_sum(fused->forward(tokens), targets).item<float>());
+    }
+    // bf16 training: where oneMKL's bf16 GEMM is in use the fused head's float32 logits against
+    // the unfused head's bf16 ones; the same loss and gradients within bf16's rounding.
+    fused->zero_grad();
+    unfused->zero_grad();
+    {
+      CpuBf16Autocast autocast;
+      lf = fused->forward_loss(tokens, targets);
+      lu = lm_loss_sum(unfused->forward(tokens), targets);
+    }
+    EXPECT_NEAR(lf.item<double>(), lu.item<double>(), 1e-2 * std::abs(lu.item<double>()));
+    lf.backward();
+    lu.backward();
+    for (const auto& p : fused->named_parameters()) {
+      // (A key bias's exact gradient is 0, softmax being shift-invariant: both sides hold only
+      // bf16 rounding noise there.)
+      if (p.key().find("k_proj.bias") != std::string::npos) continue;
+      const torch::Tensor& gu = pu[p.key()].grad();
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_LE(max_abs_diff(p.value().grad(), gu), 3e-2 * gu.abs().max().item<double>() + 1e-9)
+          << p.key();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("minillm", "llama"));
 
 TEST(MiniLLMTest, ParameterCountAndFlopsMatchFormulaAndPeer) {
@@ -1052,6 +1110,150 @@ TEST(LossTest, Float32NarrowVocabulariesAndPadRows) {
     EXPECT_EQ(x.grad()[0][2].abs().sum().item<double>(), 0.0);
     EXPECT_EQ(x.grad()[1][2].abs().sum().item<double>(), 0.0);
   }
+}
+
+// The fused head against float64: loss, dx, dweight, dbias of loss * 3, for a vocabulary of
+// 2^14 (chunks of 64 rows: 150 rows give two whole chunks and a partial one) and for narrow
+// vocabularies (one chunk, fewer than 16 lanes, a tail), with pad targets, with and without a
+// bias.
+TEST(LossTest, FusedHeadAgainstFloat64) {
+  struct Case {
+    int64_t batch, seq, d, vocab;
+    bool bias;
+  };
+  for (const Case& c : {Case{2, 75, 8, 16384, true}, Case{3, 50, 8, 16384, false},
+                        Case{2, 3, 4, 5, true}, Case{1, 7, 6, 19, false}}) {
+    SCOPED_TRACE(testing::Message() << c.batch << "x" << c.seq << " d " << c.d << " vocab "
+                                    << c.vocab << " bias " << c.bias);
+    torch::manual_seed(11);
+    const auto xd = torch::randn({c.batch, c.seq, c.d}, torch::kDouble);
+    const auto wd = torch::randn({c.vocab, c.d}, torch::kDouble);
+    const auto bd = c.bias ? torch::randn({c.vocab}, torch::kDouble) : torch::zeros({c.vocab}, torch::kDouble);
+    auto t = torch::randint(1, c.vocab, {c.batch, c.seq}, torch::kLong);
+    t[0][1] = kPadId;
+    t[c.batch - 1][c.seq - 1] = kPadId;
+    auto x = xd.to(torch::kFloat).requires_grad_(true);
+    auto w = wd.to(torch::kFloat).requires_grad_(true);
+    auto b = c.bias ? bd.to(torch::kFloat).requires_grad_(true) : torch::Tensor();
+    auto loss = lm_head_loss_sum(x, w, b, t);
+    (loss * 3.0).backward();
+
+    // float64 over the float32 inputs' values.
+    const auto xr = xd.to(torch::kFloat).to(torch::kDouble).view({-1, c.d});
+    const auto wr = wd.to(torch::kFloat).to(torch::kDouble);
+    const auto br = bd.to(torch::kFloat).to(torch::kDouble);
+    const auto logits = xr.matmul(wr.t()) + br;
+    const auto logp = logits - torch::logsumexp(logits, -1, /*keepdim=*/true);
+    const auto tf = t.view({-1});
+    const auto real = tf.ne(kPadId).to(torch::kDouble);
+    const double want = -(logp.gather(-1, tf.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+    EXPECT_NEAR(loss.item<double>(), want, 2e-6 * std::abs(want));
+    const auto g = (logp.exp() - torch::one_hot(tf, c.vocab).to(torch::kDouble)) *
+                   real.unsqueeze(-1) * 3.0;
+    const auto want_dx = g.matmul(wr).view({c.batch, c.seq, c.d});
+    const auto want_dw = g.t().matmul(xr);
+    auto rel = [](const torch::Tensor& got, const torch::Tensor& ref) {
+      return (got.to(torch::kDouble) - ref).abs().max().item<double>() /
+             ref.abs().max().item<double>();
+    };
+    EXPECT_LE(rel(x.grad(), want_dx), 1e-5);
+    EXPECT_LE(rel(w.grad(), want_dw), 1e-5);
+    if (c.bias) EXPECT_LE(rel(b.grad(), g.sum(0)), 1e-5);
+    // Pad targets give exactly zero input gradients.
+    EXPECT_EQ(x.grad()[0][1].abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(x.grad()[c.batch - 1][c.seq - 1].abs().sum().item<double>(), 0.0);
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_NEAR(lm_head_loss_sum(x, w, b, t).item<double>(), want, 2e-6 * std::abs(want));
+    }
+  }
+}
+
+// The backward pass may run twice (retain_graph): the gradients add up. A weight that needs no
+// gradient gets none, and the input gradient is the same as with one.
+TEST(LossTest, FusedHeadBackwardTwiceAndFrozenWeight) {
+  torch::manual_seed(12);
+  auto x = torch::randn({2, 5, 6}).requires_grad_(true);
+  auto w = torch::randn({9, 6}).requires_grad_(true);
+  auto b = torch::randn({9}).requires_grad_(true);
+  auto t = torch::randint(1, 9, {2, 5}, torch::kLong);
+  auto loss = lm_head_loss_sum(x, w, b, t);
+  loss.backward({}, /*retain_graph=*/true);
+  const auto dx = x.grad().clone(), dw = w.grad().clone(), db = b.grad().clone();
+  loss.backward();
+  EXPECT_TRUE(x.grad().equal(dx * 2));
+  EXPECT_TRUE(w.grad().equal(dw * 2));
+  EXPECT_TRUE(b.grad().equal(db * 2));
+
+  auto x2 = x.detach().requires_grad_(true);
+  lm_head_loss_sum(x2, w.detach(), b.detach(), t).backward();
+  EXPECT_TRUE(x2.grad().equal(dx));
+}
+
+// The fused head under bf16 autocast (training, where oneMKL's bf16 GEMM is in use) against
+// float64 over the bf16 values of x, weight and bias: the loss from float32 logits (not
+// rounded to bf16: a rounding would be ~1e-3 of a logit), the gradients within the one bf16
+// rounding of (softmax - one-hot) they carry (2^-8 of |g| times the operand, elementwise).
+TEST(LossTest, FusedHeadBf16AgainstFloat64) {
+  if (!bf16_weight_grad_uses_mkl()) GTEST_SKIP() << "oneMKL's bf16 GEMM is not in use here";
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    torch::manual_seed(13);
+    const int64_t batch = 2, seq = 75, d = 32, vocab = 16384;  // 3 chunks of <= 64 rows
+    auto x = torch::randn({batch, seq, d}).requires_grad_(true);
+    auto w = torch::randn({vocab, d}).mul_(0.3).requires_grad_(true);
+    auto b = with_bias ? torch::randn({vocab}).requires_grad_(true) : torch::Tensor();
+    auto t = torch::randint(1, vocab, {batch, seq}, torch::kLong);
+    t[1][4] = kPadId;
+    torch::Tensor loss;
+    {
+      CpuBf16Autocast autocast;
+      ASSERT_TRUE(lm_head_loss_fusable(x, w));
+      loss = lm_head_loss_sum(x, w, b, t);
+    }
+    (loss * 0.5).backward();
+    auto as16 = [](const torch::Tensor& v) {
+      return v.detach().to(torch::kBFloat16).to(torch::kDouble);
+    };
+    const auto x16 = as16(x).view({-1, d}), w16 = as16(w);
+    const auto logits = x16.matmul(w16.t()) + (with_bias ? as16(b) : torch::zeros({vocab}, torch::kDouble));
+    const auto logp = logits - torch::logsumexp(logits, -1, /*keepdim=*/true);
+    const auto tf = t.view({-1});
+    const auto real = tf.ne(kPadId).to(torch::kDouble);
+    const double want = -(logp.gather(-1, tf.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+    EXPECT_NEAR(loss.item<double>(), want, 2e-6 * std::abs(want));
+    const auto g = (logp.exp() - torch::one_hot(tf, vocab).to(torch::kDouble)) *
+                   real.unsqueeze(-1) * 0.5;
+    const double u = std::ldexp(1.0, -8);
+    auto within = [](const torch::Tensor& got, const torch::Tensor& ref, const torch::Tensor& bound) {
+      return ((got.to(torch::kDouble) - ref).abs() <= bound + 1e-12).all().item<bool>();
+    };
+    EXPECT_TRUE(within(x.grad().view({-1, d}), g.matmul(w16), g.abs().matmul(w16.abs()) * u));
+    EXPECT_TRUE(within(w.grad(), g.t().matmul(x16), g.abs().t().matmul(x16.abs()) * u));
+    if (with_bias) EXPECT_TRUE(within(b.grad(), g.sum(0), g.abs().sum(0) * u));
+    EXPECT_EQ(x.grad()[1][4].abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(w.grad().scalar_type(), torch::kFloat);
+  }
+}
+
+TEST(LossTest, FusedHeadErrors) {
+  auto x = torch::randn({2, 3, 4});
+  auto w = torch::randn({7, 4});
+  auto t = torch::randint(0, 7, {2, 3}, torch::kLong);
+  EXPECT_NO_THROW(lm_head_loss_sum(x, w, torch::Tensor(), t));
+  EXPECT_THROW(lm_head_loss_sum(x, torch::randn({7, 5}), torch::Tensor(), t), Error);
+  EXPECT_THROW(lm_head_loss_sum(x, w, torch::randn({6}), t), Error);
+  EXPECT_THROW(lm_head_loss_sum(x, w, torch::Tensor(), t.view({6})), Error);
+  EXPECT_THROW(lm_head_loss_sum(x, w, torch::Tensor(), t.to(torch::kInt)), Error);
+  EXPECT_THROW(lm_head_loss_sum(x, w, torch::Tensor(), t + 7), Error);
+  EXPECT_THROW(lm_head_loss_sum(x.to(torch::kBFloat16), w, torch::Tensor(), t), Error);
+  EXPECT_FALSE(lm_head_loss_fusable(x.to(torch::kDouble), w));
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    EXPECT_FALSE(lm_head_loss_fusable(x, w));
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+  EXPECT_TRUE(lm_head_loss_fusable(x, w));
 }
 
 }  // namespace
