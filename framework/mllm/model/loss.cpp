@@ -14,11 +14,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 
 #include "mllm/core/error.h"
-#include "mllm/model/bf16_linear.h"
 #include "mllm/model/model.h"
 #include "mllm/model/vec16.h"
 
@@ -229,33 +227,6 @@ void ce_grad_rows_f32_in_place(float* __restrict x, const float* __restrict mx,
       store(row + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
     for (int64_t k = vend; k < vocab; ++k) row[k] = exp_nonpositive(row[k] - m) * f;
     row[targets[r]] -= valid[r];
-  }
-}
-
-// Rows rb..re-1 of float32 logits x [rows, vocab] with mx, sum, valid and targets as
-// ce_grad_rows_f32_in_place -> g [rows, vocab] bf16 (bit patterns): that kernel's float32
-// gradient (softmax - one-hot on real rows, 0 on pad rows) rounded to bf16 once, for the bf16
-// products of the fused head under bf16 autocast. Compiled as lse_rows_bf16.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void ce_grad_rows_f32_to_bf16(const float* __restrict x, const float* __restrict mx,
-                              const float* __restrict sum, const float* __restrict valid,
-                              const int64_t* __restrict targets, int64_t rb, int64_t re,
-                              int64_t vocab, uint16_t* __restrict g) {
-  using namespace vec16;  // NOLINT(build/namespaces)
-  using c10::detail::round_to_nearest_even;
-  const int64_t vend = vocab / kLanes * kLanes;
-  for (int64_t r = rb; r < re; ++r) {
-    const float* row = x + r * vocab;
-    uint16_t* out = g + r * vocab;
-    const float m = mx[r], f = valid[r] / sum[r];
-    for (int64_t k = 0; k < vend; k += kLanes)
-      store(out + k, to_bf16(exp_nonpositive(load<Floats>(row + k) - m) * f));
-    for (int64_t k = vend; k < vocab; ++k)
-      out[k] = round_to_nearest_even(exp_nonpositive(row[k] - m) * f);
-    const int64_t t = targets[r];
-    out[t] = round_to_nearest_even(exp_nonpositive(row[t] - m) * f - valid[r]);
   }
 }
 
@@ -547,110 +518,6 @@ class SummedHeadCrossEntropyCpu : public torch::autograd::Function<SummedHeadCro
   }
 };
 
-// The fused head under CPU bf16 autocast, where oneMKL's bf16 GEMM is in use: x16 [rows, d] and
-// w16 [vocab, d] bf16 contiguous (autocast's casts of x and the weight), bias32 [vocab] float32
-// (the bf16 bias's values) or undefined, targets [rows] int64 contiguous -> HeadLoss (float32),
-// chunk by chunk: logits = x16_c w16^T from oneMKL's cblas_gemm_bf16bf16f32 in float32 (not
-// rounded to bf16), the bias added in the row-statistics pass, the gradient (softmax - one-hot)
-// rounded once to bf16 into g16 [rows, vocab] (ce_grad_rows_f32_to_bf16), dx_c = g16_c w16 in
-// float32; after the chunks dw = g16^T x16 and db = the column sums of g16 in float32
-// (weight_grad_float32, bias_grad_float32: one product over all rows, as the unfused head's).
-HeadLoss head_loss_chunks_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
-                               const torch::Tensor& bias32, const torch::Tensor& targets,
-                               bool want_dx, bool want_dw, bool want_db) {
-  const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
-  MLLM_CHECK(gemm != nullptr, "lm_head_loss_sum: oneMKL's bf16 GEMM is not in use");
-  const int64_t rows = x16.size(0), d = x16.size(1), vocab = w16.size(0);
-  const int64_t step = std::max<int64_t>(1, std::min(rows, head_chunk_rows(vocab)));
-  const auto f32 = x16.options().dtype(torch::kFloat);
-  torch::Tensor logits = torch::empty({step, vocab}, f32);
-  torch::Tensor mx = torch::empty({rows}, f32), sum = torch::empty({rows}, f32);
-  torch::Tensor target_logit = torch::empty({rows}, f32);
-  const torch::Tensor valid = targets.ne(kPadId).to(torch::kFloat);
-  const bool grads = want_dx || want_dw || want_db;
-  torch::Tensor g16 = grads ? torch::empty({rows, vocab}, x16.options()) : torch::Tensor();
-  HeadLoss out;
-  if (want_dx) out.dx = torch::empty({rows, d}, f32);
-  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>(), *tlp = target_logit.data_ptr<float>();
-  float* lp = logits.data_ptr<float>();
-  const float* vp = valid.const_data_ptr<float>();
-  const float* bp = bias32.defined() ? bias32.const_data_ptr<float>() : nullptr;
-  const int64_t* tp = targets.const_data_ptr<int64_t>();
-  const auto* xp = static_cast<const uint16_t*>(x16.const_data_ptr());
-  const void* wp = w16.const_data_ptr();
-  auto* gp = grads ? static_cast<uint16_t*>(g16.data_ptr()) : nullptr;
-  const int64_t grain = grain_rows(vocab);
-  for (int64_t start = 0; start < rows; start += step) {
-    const int64_t n = std::min(step, rows - start);
-    {
-      RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>());
-      // logits [n, vocab] = x16 rows [n, d] times w16^T (w16 stored [vocab, d]: transposed).
-      gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, static_cast<int>(n),
-           static_cast<int>(vocab), static_cast<int>(d), 1.0f, xp + start * d,
-           static_cast<int>(d), wp, static_cast<int>(d), 0.0f, lp, static_cast<int>(vocab));
-    }
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      if (bp != nullptr)
-        add_bias_softmax_stats_rows_f32(lp, bp, begin, end, vocab, mp + start, sp + start);
-      else
-        softmax_stats_rows_f32(lp, begin, end, vocab, mp + start, sp + start);
-    });
-    for (int64_t r = 0; r < n; ++r) tlp[start + r] = lp[r * vocab + tp[start + r]];
-    if (!grads) continue;
-    uint16_t* gc = gp + start * vocab;
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      ce_grad_rows_f32_to_bf16(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
-                               vocab, gc);
-    });
-    if (want_dx) {
-      RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>());
-      // dx rows [n, d] = g16 rows [n, vocab] times w16 [vocab, d].
-      gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(n),
-           static_cast<int>(d), static_cast<int>(vocab), 1.0f, gc, static_cast<int>(vocab), wp,
-           static_cast<int>(d), 0.0f, out.dx.data_ptr<float>() + start * d, static_cast<int>(d));
-    }
-  }
-  out.loss = (sum.log().add_(mx) - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
-  if (want_dw) out.dw = weight_grad_float32(g16, x16);
-  if (want_db) out.db = bias_grad_float32(g16);
-  return out;
-}
-
-// The fused head under CPU bf16 autocast as one autograd node, as SummedHeadCrossEntropyCpu:
-// x [rows, d] float32, weight [vocab, d] float32, bias [vocab] float32 (optional), w16 and
-// bias32 (autocast's bf16 weight, and the bf16 bias's values in float32; detached: the
-// gradients go to weight and bias in float32), targets [rows].
-class SummedHeadCrossEntropyBf16 : public torch::autograd::Function<SummedHeadCrossEntropyBf16> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight,
-                               const std::optional<torch::Tensor>& bias, const torch::Tensor& w16,
-                               const std::optional<torch::Tensor>& bias32,
-                               const torch::Tensor& targets) {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-    const torch::Tensor x16 = x.to(torch::kBFloat16).contiguous();
-    HeadLoss r = head_loss_chunks_bf16(x16, w16.contiguous(), bias32.value_or(torch::Tensor()),
-                                       targets, ctx->needs_input_grad(0),
-                                       ctx->needs_input_grad(1),
-                                       bias.has_value() && ctx->needs_input_grad(2));
-    if (r.dx.defined()) ctx->saved_data["dx"] = r.dx;
-    if (r.dw.defined()) ctx->saved_data["dw"] = r.dw;
-    if (r.db.defined()) ctx->saved_data["db"] = r.db;
-    return r.loss;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_out) {
-    const torch::Tensor g = grad_out[0].to(torch::kFloat);
-    auto scaled = [&](const char* key) {
-      auto it = ctx->saved_data.find(key);
-      return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor() * g;
-    };
-    return {scaled("dx"), scaled("dw"), scaled("db"), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
-
 // Throws mllm::Error (naming `what`) unless targets is int64 and, on the CPU, every id is in
 // [0, vocab).
 void check_target_ids(const torch::Tensor& t, int64_t vocab, const char* what) {
@@ -695,20 +562,10 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
   return row_losses(x, t, torch::Tensor()).sum();
 }
 
-namespace {
-// Whether lm_head_loss_sum takes its bf16 path: CPU bf16 autocast on, grad mode on, a weight
-// that requires grad, and oneMKL's bf16 GEMM in use.
-bool bf16_head(const torch::Tensor& weight) {
-  return at::autocast::is_autocast_enabled(at::kCPU) &&
-         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
-         torch::GradMode::is_enabled() && weight.requires_grad() && bf16_weight_grad_uses_mkl();
-}
-}  // namespace
-
 bool lm_head_loss_fusable(const torch::Tensor& x, const torch::Tensor& weight) {
   return x.is_cpu() && weight.is_cpu() && x.scalar_type() == torch::kFloat &&
          weight.scalar_type() == torch::kFloat && weight.dim() == 2 && weight.size(0) > 0 &&
-         (!at::autocast::is_autocast_enabled(at::kCPU) || bf16_head(weight));
+         !at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weight,
@@ -723,8 +580,7 @@ torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weig
                 "[batch, seq]");
   if (!lm_head_loss_fusable(x, weight) || (bias.defined() && (!bias.is_cpu() ||
                                                              bias.scalar_type() != torch::kFloat)))
-    throw Error("lm_head_loss_sum: needs float32 x, weight and bias on the CPU, outside autocast "
-                "or in bf16 training where oneMKL's bf16 GEMM is in use, "
+    throw Error("lm_head_loss_sum: needs float32 x, weight and bias on the CPU outside autocast, "
                 "got x " + std::string(c10::toString(x.scalar_type())) + " on " +
                 x.device().str() + ", weight " + std::string(c10::toString(weight.scalar_type())) +
                 " on " + weight.device().str() + " (use lm_loss_sum on the logits)");
@@ -737,17 +593,6 @@ torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weig
   const bool grad = torch::GradMode::is_enabled() &&
                     (x2.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()));
   const std::optional<torch::Tensor> ob = b.defined() ? std::optional(b) : std::nullopt;
-  if (at::autocast::is_autocast_enabled(at::kCPU)) {  // bf16_head(w): grad mode is on
-    // Autocast's bf16 copies (cached while the cache lives: once per optimizer step in training).
-    const torch::Tensor w16 =
-        at::autocast::cached_cast(at::kBFloat16, w, c10::DeviceType::CPU).detach();
-    std::optional<torch::Tensor> b32;
-    if (b.defined())
-      b32 = at::autocast::cached_cast(at::kBFloat16, b, c10::DeviceType::CPU)
-                .detach()
-                .to(torch::kFloat);
-    return SummedHeadCrossEntropyBf16::apply(x2, w, ob, w16, b32, t);
-  }
   if (grad) return SummedHeadCrossEntropyCpu::apply(x2, w, ob, t);
   torch::NoGradGuard no_grad;
   return head_loss_chunks(x2, w, b, t, false, false, false).loss;

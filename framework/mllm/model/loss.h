@@ -45,21 +45,15 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
 // gradient, so it may run more than once (retain_graph). The gradients equal the unfused path's
 // up to float32 rounding (the upstream factor is applied after the products instead of before,
 // and dweight is summed over chunks).
-// Under CPU bf16 autocast (training, where oneMKL's bf16 GEMM is in use: bf16_linear.h) the
-// products run on autocast's bf16 copies of x, weight and bias: the logits come from oneMKL's
-// bf16 product in float32 and stay float32 (the unfused path rounds them to bf16), the
-// gradient (softmax - one-hot) is rounded to bf16 once for the products ([rows, vocab] bf16:
-// the only [rows, vocab] buffer), dx, dweight and dbias come back in float32 (dweight and dbias
-// as one product over all rows after the chunks).
 // Throws mllm::Error when the shapes disagree, targets is not int64 or an id is outside
-// [0, vocab), or lm_head_loss_fusable is false.
+// [0, vocab), or lm_head_loss_fusable is false. (Under CPU bf16 autocast the head stays a bf16
+// linear: chunks through oneMKL's bf16 GEMM ran no faster there, bench/README.md.)
 torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias, const torch::Tensor& targets);
 
 // Whether lm_head_loss_sum takes x and weight: both float32 on the CPU, weight [vocab >= 1, d],
-// and either CPU autocast off, or CPU bf16 autocast with grad mode on, a weight that requires
-// grad and bf16_weight_grad_uses_mkl() (elsewhere under autocast the head runs as a bf16 linear
-// and lm_loss_sum takes its bf16 logits).
+// and CPU autocast off (under bf16 autocast the head runs as a bf16 linear and lm_loss_sum
+// takes its bf16 logits).
 bool lm_head_loss_fusable(const torch::Tensor& x, const torch::Tensor& weight);
 
 // Number of targets != kPadId in targets [batch, seq] int64 (or any shape).
