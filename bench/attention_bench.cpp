@@ -17,20 +17,12 @@
 #include "mllm/model/cpu_attention.h"
 #include "mllm/model/dropout.h"
 
+#include "bench_util.h"
+
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-int64_t arg(int argc, char** argv, int i, int64_t fallback) {
-  return argc > i ? std::atoll(argv[i]) : fallback;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using mllm::bench::arg;
+using mllm::bench::median;
 
 int main(int argc, char** argv) {
   const int64_t b = arg(argc, argv, 1, 8), t = arg(argc, argv, 2, 256), h = arg(argc, argv, 3, 8),
