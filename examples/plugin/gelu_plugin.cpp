@@ -87,9 +87,17 @@ class GeluMini : public mllm::LanguageModel {
     mllm::init_weights(*this, o.init_std, o.n_layers, {"attn.o_proj.weight", "fc2.weight"});
   }
 
-  torch::Tensor forward(const torch::Tensor& tokens) override { return run(tokens, nullptr); }
+  // bf16 under bf16 autocast: lm_loss_sum reads the logits in float32.
+  torch::Tensor forward(const torch::Tensor& tokens) override {
+    return mllm::linear(lm_head, hidden(tokens, nullptr));
+  }
   torch::Tensor forward_cached(const torch::Tensor& tokens, mllm::KVCache& cache) override {
-    return run(tokens, &cache);
+    return mllm::linear(lm_head, hidden(tokens, &cache));
+  }
+  // What training and evaluation call: the head and the loss as one (float32 on the CPU: no
+  // [batch * seq, vocab] logits; mllm/model/loss.h).
+  torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
+    return mllm::head_loss(lm_head, hidden(tokens, nullptr), targets);
   }
   int64_t vocab_size() const override { return o_.vocab_size; }
   int64_t max_seq_len() const override { return o_.max_seq_len; }
@@ -105,7 +113,8 @@ class GeluMini : public mllm::LanguageModel {
   torch::nn::Linear lm_head{nullptr};
 
  private:
-  torch::Tensor run(const torch::Tensor& tokens, mllm::KVCache* cache) {
+  // tokens -> the hidden states the head reads [batch, seq, d_model].
+  torch::Tensor hidden(const torch::Tensor& tokens, mllm::KVCache* cache) {
     // The masking helpers the built-in families share (mllm/model/model.h).
     const int64_t offset = cache ? cache->length : 0;
     mllm::check_tokens(tokens, offset, o_.max_seq_len, "gelu_mini forward");
@@ -117,9 +126,8 @@ class GeluMini : public mllm::LanguageModel {
     for (size_t l = 0; l < blocks_.size(); ++l)
       x = blocks_[l]->forward(x, blocked, offset, cache ? &cache->k[l] : nullptr,
                               cache ? &cache->v[l] : nullptr);
-    auto logits = mllm::linear(lm_head, x);  // bf16 under bf16 autocast: lm_loss_sum reads it in float32
     if (cache) cache->length += t;
-    return logits;
+    return x;
   }
 
   GeluMiniOptions o_;

@@ -1,7 +1,9 @@
 // Summed token cross-entropy that ignores pad targets, as one autograd node (loss.h): on the CPU
 // row passes that keep the logits and per-row statistics and recompute the softmax in the
 // backward pass; elsewhere float32 logits keep the softmax, which the backward pass turns into
-// the gradient in place.
+// the gradient in place. And the float32 CPU head and loss as one (lm_head_loss_sum): the same
+// row passes over chunks of rows whose logits never leave the cache, the gradients computed in
+// the forward pass.
 #include "mllm/model/loss.h"
 
 #include <algorithm>
@@ -488,7 +490,8 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
 
 // The fused head and loss as one autograd node: the forward pass computes the loss and the
 // gradients for an upstream gradient of 1 (head_loss_chunks) and keeps only the gradients; the
-// backward pass multiplies them by the upstream gradient (so it may run more than once).
+// backward pass multiplies them by the upstream gradient (with retain_graph it may run more than
+// once). Not differentiable twice: the saved gradients are constants to autograd.
 class SummedHeadCrossEntropyCpu : public torch::autograd::Function<SummedHeadCrossEntropyCpu> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -501,20 +504,18 @@ class SummedHeadCrossEntropyCpu : public torch::autograd::Function<SummedHeadCro
     HeadLoss r = head_loss_chunks(x, weight, b, targets, ctx->needs_input_grad(0),
                                   ctx->needs_input_grad(1),
                                   b.defined() && ctx->needs_input_grad(2));
-    if (r.dx.defined()) ctx->saved_data["dx"] = r.dx;
-    if (r.dw.defined()) ctx->saved_data["dw"] = r.dw;
-    if (r.db.defined()) ctx->saved_data["db"] = r.db;
+    // Saved as autograd's saved tensors (undefined where not asked for): freed after the
+    // backward pass, and a second backward without retain_graph is refused as usual.
+    ctx->save_for_backward({r.dx, r.dw, r.db});
     return r.loss;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     const torch::Tensor g = grad_out[0].to(torch::kFloat);
-    auto scaled = [&](const char* key) {
-      auto it = ctx->saved_data.find(key);
-      return it == ctx->saved_data.end() ? torch::Tensor() : it->second.toTensor() * g;
-    };
-    return {scaled("dx"), scaled("dw"), scaled("db"), torch::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    auto scaled = [&](const torch::Tensor& t) { return t.defined() ? t * g : torch::Tensor(); };
+    return {scaled(saved[0]), scaled(saved[1]), scaled(saved[2]), torch::Tensor()};
   }
 };
 
@@ -580,10 +581,16 @@ torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weig
                 "[batch, seq]");
   if (!lm_head_loss_fusable(x, weight) || (bias.defined() && (!bias.is_cpu() ||
                                                              bias.scalar_type() != torch::kFloat)))
-    throw Error("lm_head_loss_sum: needs float32 x, weight and bias on the CPU outside autocast, "
-                "got x " + std::string(c10::toString(x.scalar_type())) + " on " +
-                x.device().str() + ", weight " + std::string(c10::toString(weight.scalar_type())) +
-                " on " + weight.device().str() + " (use lm_loss_sum on the logits)");
+    throw Error(
+        "lm_head_loss_sum: needs float32 x, weight and bias on the CPU outside autocast, got x " +
+        std::string(c10::toString(x.scalar_type())) + " on " + x.device().str() + ", weight " +
+        std::string(c10::toString(weight.scalar_type())) + " on " + weight.device().str() +
+        ", bias " +
+        (bias.defined() ? std::string(c10::toString(bias.scalar_type())) + " on " +
+                              bias.device().str()
+                        : std::string("none")) +
+        ", CPU autocast " + (at::autocast::is_autocast_enabled(at::kCPU) ? "on" : "off") +
+        " (use lm_loss_sum on the logits)");
   const int64_t vocab = weight.size(0);
   check_target_ids(targets, vocab, "lm_head_loss_sum");
   const torch::Tensor x2 = x.reshape({-1, x.size(2)}).contiguous();

@@ -36,18 +36,21 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
 // [vocab] float32 or undefined, targets [batch, seq] int64 -> [] float32 equal to
 // lm_loss_sum(torch::linear(x, weight, bias), targets) up to float32 rounding (the same row
 // kernels over the same logits; the logits' products run on chunks of rows). The work runs
-// chunk by chunk of max(64, 2^20 / vocab) rows (4 MiB of logits), so each chunk stays in cache
-// from its product through the row passes. With grad mode on and a gradient wanted (x, weight
-// or bias requiring grad), the forward pass also computes the gradients for an upstream
-// gradient of 1 (dx = g weight, dweight = sum over chunks of g^T x, dbias = column sums of g,
-// g = softmax - one-hot on real targets, 0 on pad targets) and keeps only them ([rows, d],
-// [vocab, d], [vocab] float32: no logits); the backward pass multiplies them by the upstream
-// gradient, so it may run more than once (retain_graph). The gradients equal the unfused path's
-// up to float32 rounding (the upstream factor is applied after the products instead of before,
-// and dweight is summed over chunks).
+// chunk by chunk of max(64, 2^20 / vocab) rows (4 MiB of float32 logits up to vocab 16384,
+// 64 rows above), so each chunk stays in cache from its product through the row passes.
+// With grad mode on and a gradient wanted (x, weight or bias requiring grad), the forward pass
+// also computes the gradients for an upstream gradient of 1 (dx = g weight, dweight = sum over
+// chunks of g^T x, dbias = column sums of g, g = softmax - one-hot on real targets, 0 on pad
+// targets) and keeps only them ([rows, d], [vocab, d], [vocab] float32: no logits, freed by the
+// backward pass); the backward pass multiplies them by the upstream gradient (more than once
+// with retain_graph). So the head's products run in the forward pass (the trainer's forward
+// time includes them). The gradients equal the unfused path's up to float32 rounding (the
+// upstream factor is applied after the products instead of before, and dweight is summed over
+// chunks). Not differentiable twice (create_graph gives no second derivatives through it).
 // Throws mllm::Error when the shapes disagree, targets is not int64 or an id is outside
-// [0, vocab), or lm_head_loss_fusable is false. (Under CPU bf16 autocast the head stays a bf16
-// linear: chunks through oneMKL's bf16 GEMM ran no faster there, bench/README.md.)
+// [0, vocab), lm_head_loss_fusable is false, or the bias is not float32 on the CPU. (Under CPU
+// bf16 autocast the head stays a bf16 linear: chunks through oneMKL's bf16 GEMM ran no faster
+// there, bench/README.md.)
 torch::Tensor lm_head_loss_sum(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias, const torch::Tensor& targets);
 

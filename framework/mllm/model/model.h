@@ -84,8 +84,9 @@ class LanguageModel : public torch::nn::Module {
   // tokens [batch, seq] int64 (as forward), targets [batch, seq] int64 -> [] float32: the
   // summed loss lm_loss_sum(forward(tokens), targets) (loss.h), what training and evaluation
   // compute. The built-in families run their output head and the loss as one through head_loss
-  // (no [batch * seq, vocab] logits in float32 on the CPU); this default calls forward and
-  // lm_loss_sum. Throws what forward and lm_loss_sum throw.
+  // (float32 on the CPU: no [batch * seq, vocab] logits, the same loss and gradients up to
+  // float32 rounding); this default calls forward and lm_loss_sum. Throws what forward and
+  // lm_loss_sum throw (on the fused path lm_head_loss_sum's errors instead of lm_loss_sum's).
   virtual torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets);
 
   virtual int64_t vocab_size() const = 0;

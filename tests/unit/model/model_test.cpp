@@ -1154,9 +1154,37 @@ TEST(LossTest, FusedHeadAgainstFloat64) {
   }
 }
 
-// The backward pass may run twice (retain_graph): the gradients add up. A weight that needs no
-// gradient gets none, and the input gradient is the same as with one.
-TEST(LossTest, FusedHeadBackwardTwiceAndFrozenWeight) {
+// The fused head's loss and gradients in float64 over the float32 values of x [batch, seq, d],
+// w [vocab, d] and b [vocab] (or undefined), for an upstream gradient `upstream`.
+struct HeadReference {
+  double loss;
+  torch::Tensor dx, dw, db;  // [batch, seq, d], [vocab, d], [vocab] float64
+};
+HeadReference head_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                             const torch::Tensor& t, double upstream) {
+  const int64_t d = x.size(-1), vocab = w.size(0);
+  const auto xr = x.detach().to(torch::kDouble).reshape({-1, d});
+  const auto wr = w.detach().to(torch::kDouble);
+  auto logits = xr.matmul(wr.t());
+  if (b.defined()) logits = logits + b.detach().to(torch::kDouble);
+  const auto logp = logits - torch::logsumexp(logits, -1, /*keepdim=*/true);
+  const auto tf = t.reshape({-1});
+  const auto real = tf.ne(kPadId).to(torch::kDouble);
+  const auto g = (logp.exp() - torch::one_hot(tf, vocab).to(torch::kDouble)) *
+                 real.unsqueeze(-1) * upstream;
+  return {-(logp.gather(-1, tf.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>(),
+          g.matmul(wr).view(x.sizes()), g.t().matmul(xr), g.sum(0)};
+}
+
+// Largest |got - want| over the largest |want|.
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got.to(torch::kDouble) - want).abs().max().item<double>() /
+         want.abs().max().item<double>();
+}
+
+// With retain_graph the backward pass may run twice (the gradients add up); a second backward
+// without it is refused, as for any autograd node.
+TEST(LossTest, FusedHeadBackwardTwice) {
   torch::manual_seed(12);
   auto x = torch::randn({2, 5, 6}).requires_grad_(true);
   auto w = torch::randn({9, 6}).requires_grad_(true);
@@ -1169,10 +1197,56 @@ TEST(LossTest, FusedHeadBackwardTwiceAndFrozenWeight) {
   EXPECT_TRUE(x.grad().equal(dx * 2));
   EXPECT_TRUE(w.grad().equal(dw * 2));
   EXPECT_TRUE(b.grad().equal(db * 2));
+  EXPECT_ANY_THROW(loss.backward());
+}
 
-  auto x2 = x.detach().requires_grad_(true);
-  lm_head_loss_sum(x2, w.detach(), b.detach(), t).backward();
-  EXPECT_TRUE(x2.grad().equal(dx));
+// Only what requires grad gets a gradient, and the right one: the bias alone (the third tensor
+// argument, after x and the weight), the weight alone, x alone. Non-contiguous x and weight
+// (transposed views; the weight's gradient reaches its base), and an empty batch.
+TEST(LossTest, FusedHeadPartialGradientsStridedAndEmpty) {
+  torch::manual_seed(14);
+  const auto x0 = torch::randn({2, 5, 6}), w0 = torch::randn({9, 6}), b0 = torch::randn({9});
+  auto t = torch::randint(1, 9, {2, 5}, torch::kLong);
+  t[1][2] = kPadId;
+  const HeadReference ref = head_reference(x0, w0, b0, t, 1.0);
+  for (int wanted = 0; wanted < 3; ++wanted) {
+    SCOPED_TRACE(wanted);
+    auto x = x0.clone().requires_grad_(wanted == 0);
+    auto w = w0.clone().requires_grad_(wanted == 1);
+    auto b = b0.clone().requires_grad_(wanted == 2);
+    auto loss = lm_head_loss_sum(x, w, b, t);
+    EXPECT_NEAR(loss.item<double>(), ref.loss, 1e-6 * std::abs(ref.loss));
+    loss.backward();
+    EXPECT_EQ(x.grad().defined(), wanted == 0);
+    EXPECT_EQ(w.grad().defined(), wanted == 1);
+    EXPECT_EQ(b.grad().defined(), wanted == 2);
+    if (wanted == 0) EXPECT_LE(relative_error(x.grad(), ref.dx), 1e-5);
+    if (wanted == 1) EXPECT_LE(relative_error(w.grad(), ref.dw), 1e-5);
+    if (wanted == 2) EXPECT_LE(relative_error(b.grad(), ref.db), 1e-5);
+  }
+  {
+    auto xbase = x0.transpose(0, 1).contiguous().requires_grad_(true);  // [5, 2, 6]
+    auto wbase = w0.t().contiguous().requires_grad_(true);              // [6, 9]
+    auto x = xbase.transpose(0, 1), w = wbase.t();  // [2, 5, 6] and [9, 6], not contiguous
+    ASSERT_FALSE(x.is_contiguous() || w.is_contiguous());
+    auto loss = lm_head_loss_sum(x, w, torch::Tensor(), t);
+    const HeadReference r = head_reference(x0, w0, torch::Tensor(), t, 1.0);
+    EXPECT_NEAR(loss.item<double>(), r.loss, 1e-6 * std::abs(r.loss));
+    loss.backward();
+    EXPECT_LE(relative_error(xbase.grad().transpose(0, 1), r.dx), 1e-5);
+    EXPECT_LE(relative_error(wbase.grad().t(), r.dw), 1e-5);
+  }
+  {
+    auto x = torch::randn({0, 5, 6}).requires_grad_(true);
+    auto w = w0.clone().requires_grad_(true);
+    auto b = b0.clone().requires_grad_(true);
+    auto loss = lm_head_loss_sum(x, w, b, torch::zeros({0, 5}, torch::kLong));
+    EXPECT_EQ(loss.item<double>(), 0.0);
+    loss.backward();
+    EXPECT_EQ(x.grad().sizes(), x.sizes());
+    EXPECT_EQ(w.grad().abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(b.grad().abs().sum().item<double>(), 0.0);
+  }
 }
 
 TEST(LossTest, FusedHeadErrors) {
