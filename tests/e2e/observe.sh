@@ -155,7 +155,9 @@ line = re.search(r"MFU peak ([0-9.]+) GFLOP/s = .*", open(sys.argv[2]).read())
 bound = float(line.group(1))
 assert "by every rank at once on its own cores" in line.group(0) and \
     line.group(0).endswith("summed over 2 rank(s)"), line.group(0)
-assert 0.75 * node <= bound <= 1.4 * node, (bound, node)
+# (A wide band: both figures are timings, and another job on the node moves them apart; a
+# rank timing one core of two, or a sum over too many ranks, is off by 2x.)
+assert 0.6 * node <= bound <= 1.7 * node, (bound, node)
 mfu = [json.loads(l)["mfu"] for l in open(sys.argv[3]) if '"mfu"' in l]
 assert mfu and max(mfu) < 1.0, mfu
 print(f"bound ranks: peak {bound} GFLOP/s against the node's {node}; MFU {mfu}")

@@ -412,12 +412,17 @@ class SummedCrossEntropy : public torch::autograd::Function<SummedCrossEntropy> 
   }
 };
 
-// Rows per chunk of the fused head (lm_head_loss_sum): 2^20 logits (4 MiB of float32), at least
-// 64 rows, so that the chunk's logits stay in cache from the head's product through the row
-// passes to the two gradient products, and those products keep a useful size (at the small
-// shape, vocab 8192 and d_model 512, 128 to 512 rows ran alike; 32 rows ~1.6x slower).
+// Rows per chunk of the fused head (lm_head_loss_sum): max(64, L / vocab) with L = 2^20 logits
+// (4 MiB of float32) on one thread, so that a chunk stays in the L2 cache from the head's
+// product through the row passes to the two gradient products, and L = 2^22 (16 MiB) on more
+// threads, where every chunk costs five parallel regions. Measured with mllm_bench_head_loss on
+// a 2-vCPU Xeon (bench/README.md): mini's [1024, 128] -> 4096 on one thread 1.49x the unfused
+// head with 256 rows, 1.28x with 1024; the small shape's [2048, 512] -> 8192 on two threads
+// 1.09-1.11x with 128-256 rows and 1.19x with 512, and with another process busy on one of the
+// two cores 0.68x (128 rows), 0.89x (256) and 1.04x (512).
 int64_t head_chunk_rows(int64_t vocab) {
-  return std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(vocab, 1));
+  const int64_t logits = at::get_num_threads() > 1 ? int64_t{1} << 22 : int64_t{1} << 20;
+  return std::max<int64_t>(64, logits / std::max<int64_t>(vocab, 1));
 }
 
 // The fused head's loss and, where asked for, the gradients for an upstream gradient of 1.

@@ -36,8 +36,9 @@ torch::Tensor lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& targ
 // [vocab] float32 or undefined, targets [batch, seq] int64 -> [] float32 equal to
 // lm_loss_sum(torch::linear(x, weight, bias), targets) up to float32 rounding (the same row
 // kernels over the same logits; the logits' products run on chunks of rows). The work runs
-// chunk by chunk of max(64, 2^20 / vocab) rows (4 MiB of float32 logits up to vocab 16384,
-// 64 rows above), so each chunk stays in cache from its product through the row passes.
+// chunk by chunk of max(64, 2^20 / vocab) rows on one thread, max(64, 2^22 / vocab) on more
+// (4 or 16 MiB of float32 logits, more above vocab 16384 or 65536), so each chunk stays in
+// cache from its product through the row passes.
 // With grad mode on and a gradient wanted (x, weight or bias requiring grad), the forward pass
 // also computes the gradients for an upstream gradient of 1 (dx = g weight, dweight = sum over
 // chunks of g^T x, dbias = column sums of g, g = softmax - one-hot on real targets, 0 on pad

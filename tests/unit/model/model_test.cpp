@@ -1098,10 +1098,16 @@ TEST(LossTest, Float32NarrowVocabulariesAndPadRows) {
 }
 
 // The fused head against float64: loss, dx, dweight, dbias of loss * 3, for a vocabulary of
-// 2^14 (chunks of 64 rows: 150 rows give two whole chunks and a partial one) and for narrow
-// vocabularies (one chunk, fewer than 16 lanes, a tail), with pad targets, with and without a
-// bias.
+// 2^14 (on one thread chunks of 64 rows: 150 rows give two whole chunks and a partial one) and
+// for narrow vocabularies (one chunk, fewer than 16 lanes, a tail), with pad targets, with and
+// without a bias.
 TEST(LossTest, FusedHeadAgainstFloat64) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);  // (more threads take chunks of 256 rows at this vocabulary)
+  struct RestoreThreads {
+    int n;
+    ~RestoreThreads() { at::set_num_threads(n); }
+  } restore{threads};
   struct Case {
     int64_t batch, seq, d, vocab;
     bool bias;
