@@ -413,13 +413,13 @@ class SummedCrossEntropy : public torch::autograd::Function<SummedCrossEntropy> 
 };
 
 // Rows per chunk of the fused head (lm_head_loss_sum): max(64, L / vocab) with L = 2^20 logits
-// (4 MiB of float32) on one thread, so that a chunk stays in the L2 cache from the head's
-// product through the row passes to the two gradient products, and L = 2^22 (16 MiB) on more
-// threads, where every chunk costs five parallel regions. Measured with mllm_bench_head_loss on
-// a 2-vCPU Xeon (bench/README.md): mini's [1024, 128] -> 4096 on one thread 1.49x the unfused
-// head with 256 rows, 1.28x with 1024; the small shape's [2048, 512] -> 8192 on two threads
-// 1.09-1.11x with 128-256 rows and 1.19x with 512, and with another process busy on one of the
-// two cores 0.68x (128 rows), 0.89x (256) and 1.04x (512).
+// (4 MiB of float32) on one thread, so that a chunk stays in the caches (L2, or a large L3)
+// from the head's product through the row passes to the two gradient products, and L = 2^22
+// (16 MiB) on more threads, where every chunk costs five parallel regions. Measured with
+// mllm_bench_head_loss on a 2-vCPU Xeon (bench/README.md): mini's [1024, 128] -> 4096 on one
+// thread 1.49x the unfused head with 256 rows, 1.28x with 1024; the small shape's [2048, 512] ->
+// 8192 on two threads 1.09-1.11x with 128-256 rows and 1.19x with 512, and with another process
+// busy on one of the two cores 0.68x (128 rows), 0.89x (256) and 1.04x (512).
 int64_t head_chunk_rows(int64_t vocab) {
   const int64_t logits = at::get_num_threads() > 1 ? int64_t{1} << 22 : int64_t{1} << 20;
   return std::max<int64_t>(64, logits / std::max<int64_t>(vocab, 1));
@@ -454,7 +454,8 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
   if (want_dw) out.dw = rows > 0 ? torch::empty({vocab, d}, opts) : torch::zeros({vocab, d}, opts);
   if (want_db) out.db = torch::zeros({vocab}, opts);
   const torch::Tensor wt = weight.t();
-  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>(), *tlp = target_logit.data_ptr<float>();
+  float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>();
+  float* tlp = target_logit.data_ptr<float>();
   const float* vp = valid.const_data_ptr<float>();
   const float* bp = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   const int64_t* tp = targets.const_data_ptr<int64_t>();

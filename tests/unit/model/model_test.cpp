@@ -1119,7 +1119,8 @@ TEST(LossTest, FusedHeadAgainstFloat64) {
     torch::manual_seed(11);
     const auto xd = torch::randn({c.batch, c.seq, c.d}, torch::kDouble);
     const auto wd = torch::randn({c.vocab, c.d}, torch::kDouble);
-    const auto bd = c.bias ? torch::randn({c.vocab}, torch::kDouble) : torch::zeros({c.vocab}, torch::kDouble);
+    const auto bd = c.bias ? torch::randn({c.vocab}, torch::kDouble)
+                           : torch::zeros({c.vocab}, torch::kDouble);
     auto t = torch::randint(1, c.vocab, {c.batch, c.seq}, torch::kLong);
     t[0][1] = kPadId;
     t[c.batch - 1][c.seq - 1] = kPadId;
@@ -1137,7 +1138,8 @@ TEST(LossTest, FusedHeadAgainstFloat64) {
     const auto logp = logits - torch::logsumexp(logits, -1, /*keepdim=*/true);
     const auto tf = t.view({-1});
     const auto real = tf.ne(kPadId).to(torch::kDouble);
-    const double want = -(logp.gather(-1, tf.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
+    const double want =
+        -(logp.gather(-1, tf.unsqueeze(-1)).squeeze(-1) * real).sum().item<double>();
     EXPECT_NEAR(loss.item<double>(), want, 2e-6 * std::abs(want));
     const auto g = (logp.exp() - torch::one_hot(tf, c.vocab).to(torch::kDouble)) *
                    real.unsqueeze(-1) * 3.0;
