@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
                 hd = arg(argc, argv, 4, 64), kvh = arg(argc, argv, 5, h);
   const double p = argc > 6 ? std::atof(argv[6]) : 0.1;
   const int64_t iters = arg(argc, argv, 7, 20);
-  if (!mllm::cpu_attention_bf16_available()) {
+  if (!mllm::cpu_attention_available(torch::kBFloat16)) {
     std::printf("cpu_attention_bf16 does not run here (no oneMKL bf16 GEMM in use)\n");
     return 0;
   }
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   auto fused = [&] {
     torch::Tensor leaf = qkv.detach().requires_grad_(true);
     const auto parts = leaf.split_with_sizes({h * hd, kvh * hd, kvh * hd}, -1);
-    torch::Tensor out = mllm::cpu_attention_bf16(parts[0].view({b, t, h, hd}),
+    torch::Tensor out = mllm::cpu_attention(parts[0].view({b, t, h, hd}),
                                                  parts[1].view({b, t, kvh, hd}),
                                                  parts[2].view({b, t, kvh, hd}), blocked, scale,
                                                  p, /*training=*/true);

@@ -100,12 +100,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     q = rope->apply(q, offset);
     k = rope->apply(k, offset);
   }
-  // bf16 q/k/v on a CPU with oneMKL's bf16 GEMM in use, without a KV cache: the fused kernel
-  // (cpu_attention.h: the same attention, more exact, about 2x faster per layer).
+  // bf16 or float32 q/k/v on the CPU where oneMKL's product for them is in use, without a KV
+  // cache: the fused kernel (cpu_attention.h: the same attention in one pass per head; bf16
+  // about 2x faster per layer and more exact, float32 the same numbers to float32 rounding).
   if (cache_k == nullptr && !uses_sdpa(options_.impl, x.device()) && blocked.defined() &&
-      cpu_attention_bf16_available() && cpu_attention_bf16_applies(q, k, v, blocked)) {
-    const auto out = cpu_attention_bf16(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd)),
-                                        options_.attn_dropout, is_training());
+      cpu_attention_available(q.scalar_type()) && cpu_attention_applies(q, k, v, blocked)) {
+    const auto out = cpu_attention(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd)),
+                                   options_.attn_dropout, is_training());
     return linear(o_proj, out);
   }
   v = v.transpose(1, 2);

@@ -1,5 +1,7 @@
-// Fused CPU bf16 attention (cpu_attention.h).
+// Fused CPU attention, bf16 and float32 (cpu_attention.h).
 #include "mllm/model/cpu_attention.h"
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -25,6 +27,60 @@ using c10::detail::f32_from_bits;
 using c10::detail::round_to_nearest_even;
 using namespace vec16;  // NOLINT(build/namespaces): the 16-lane helpers of the row passes
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// MKL's Fortran sgemm_ (column-major; the oneMKL reference, "?gemm"), from LibTorch's
+// libtorch_cpu.so (the x86-64 wheels link oneMKL statically and export it), or nullptr.
+using SgemmFortran = void (*)(const char* transa, const char* transb, const int* m, const int* n,
+                              const int* k, const float* alpha, const float* a, const int* lda,
+                              const float* b, const int* ldb, const float* beta, float* c,
+                              const int* ldc);
+SgemmFortran fortran_sgemm() {
+  static const SgemmFortran f = [] {
+    void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
+    return torch_cpu != nullptr ? reinterpret_cast<SgemmFortran>(::dlsym(torch_cpu, "sgemm_"))
+                                : nullptr;
+  }();
+  return f;
+}
+
+// The float32 product in the form of GemmBf16Bf16F32 (row-major only): C = alpha op(A) op(B) +
+// beta C is C^T = alpha op(B)^T op(A)^T + beta C^T in column-major terms, where each row-major
+// matrix is its own transpose with the same leading dimension.
+void sgemm_row_major(int /*layout: row-major*/, int transa, int transb, int m, int n, int k,
+                     float alpha, const void* a, int lda, const void* b, int ldb, float beta,
+                     float* c, int ldc) {
+  const char ta = transa == cblas::kTrans ? 'T' : 'N', tb = transb == cblas::kTrans ? 'T' : 'N';
+  fortran_sgemm()(&tb, &ta, &n, &m, &k, &alpha, static_cast<const float*>(b), &ldb,
+                  static_cast<const float*>(a), &lda, &beta, c, &ldc);
+}
+
+// The kernel's two element types: the probabilities, the gradients of the scores, q/k/v, the
+// output and its gradients are all of one. Bf16: bit patterns (uint16_t), the products from
+// oneMKL's cblas_gemm_bf16bf16f32, each value rounded once from float32. F32: float, the
+// products from oneMKL's sgemm, nothing rounded.
+struct Bf16 {
+  using T = uint16_t;
+  static constexpr torch::ScalarType kDtype = torch::kBFloat16;
+  [[gnu::always_inline]] static Floats get(const T* p) { return from_bf16(load<Halves>(p)); }
+  [[gnu::always_inline]] static void put(T* p, Floats f) { store(p, to_bf16(f)); }
+  [[gnu::always_inline]] static float get1(T x) { return f32_from_bits(x); }
+  [[gnu::always_inline]] static T put1(float f) { return round_to_nearest_even(f); }
+  // 16 lanes of -1 where p[i] is nonzero (a bit pattern other than +0), else 0.
+  [[gnu::always_inline]] static Ints nonzero(const T* p) {
+    return __builtin_convertvector(load<Halves>(p), Ints) != 0;
+  }
+  static GemmBf16Bf16F32 gemm() { return mkl_gemm_bf16bf16f32(); }
+};
+struct F32 {
+  using T = float;
+  static constexpr torch::ScalarType kDtype = torch::kFloat;
+  [[gnu::always_inline]] static Floats get(const T* p) { return load<Floats>(p); }
+  [[gnu::always_inline]] static void put(T* p, Floats f) { store(p, f); }
+  [[gnu::always_inline]] static float get1(T x) { return x; }
+  [[gnu::always_inline]] static T put1(float f) { return f; }
+  [[gnu::always_inline]] static Ints nonzero(const T* p) { return load<Floats>(p) != 0.0f; }
+  static GemmBf16Bf16F32 gemm() { return fortran_sgemm() != nullptr ? &sgemm_row_major : nullptr; }
+};
 
 // The leading keys a row can attend to: limit[r] = 1 + the last unmasked key of mask row r, 0
 // when every key is masked. Every key at or past it is masked: the row passes skip them.
@@ -57,28 +113,25 @@ void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends)
 
 // One head's rows of the forward pass. s [rows, keys] float32 scores (overwritten; only the
 // first row_end(limit[r]) keys of row r are read), bias [rows, keys] the mask as 0 / -inf,
-// limit [rows] its row_limits -> y [rows, keys] bf16 = the softmax over the unmasked keys,
-// rounded once (a row with every key masked: 1 / keys each, as masked_fill(-1e9) gives in
-// float32); with yd non-null, yd = keep ? bf16(float(y) * scale) : 0 with mllm::dropout's mask
-// for element pair0 * 2 + r * keys + k of the [batch, heads, seq, keys] probabilities. Compiled
-// three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline; chosen when the library
-// loads): the v3 and v4 versions contract multiply-adds alike, so they give the same bits; the
-// baseline version (no FMA) may differ in the last bit of a float32 value. keys even.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
-                          const int32_t* __restrict limit, uint16_t* __restrict y,
-                          uint16_t* __restrict yd, int64_t rows, int64_t keys, int64_t pair0,
-                          uint64_t seed, uint32_t threshold, float scale) {
+// limit [rows] its row_limits -> y [rows, keys] = the softmax over the unmasked keys, in E's
+// element type (bf16: rounded once; a row with every key masked: 1 / keys each, as
+// masked_fill(-1e9) gives in float32); with yd non-null, yd = keep ? E(float(y) * scale) : 0
+// with mllm::dropout's mask for element pair0 * 2 + r * keys + k of the [batch, heads, seq,
+// keys] probabilities. keys even.
+template <typename E>
+[[gnu::always_inline]] inline void softmax_dropout_rows_impl(
+    float* __restrict s, const float* __restrict bias, const int32_t* __restrict limit,
+    typename E::T* __restrict y, typename E::T* __restrict yd, int64_t rows, int64_t keys,
+    int64_t pair0, uint64_t seed, uint32_t threshold, float scale) {
+  using T = typename E::T;
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = s + r * keys;
     const float* br = bias + r * keys;
-    uint16_t* yr = y + r * keys;
+    T* yr = y + r * keys;
     const int64_t end = limit[r] == 0 ? keys : row_end(limit[r], keys);
     const int64_t vend = end / kLanes * kLanes;
     if (limit[r] == 0) {
-      const uint16_t uniform = round_to_nearest_even(1.0f / static_cast<float>(keys));
+      const T uniform = E::put1(1.0f / static_cast<float>(keys));
       for (int64_t k = 0; k < keys; ++k) yr[k] = uniform;
     } else {
       Floats lanes = splat(kNegInf);
@@ -105,110 +158,149 @@ void softmax_dropout_rows(float* __restrict s, const float* __restrict bias,
         sum += sr[k];
       }
       const float inv = 1.0f / sum;
-      for (int64_t k = 0; k < vend; k += kLanes)
-        store(yr + k, to_bf16(load<Floats>(sr + k) * inv));
-      for (int64_t k = vend; k < end; ++k) yr[k] = round_to_nearest_even(sr[k] * inv);
-      std::memset(yr + end, 0, (keys - end) * sizeof(uint16_t));
+      for (int64_t k = 0; k < vend; k += kLanes) E::put(yr + k, load<Floats>(sr + k) * inv);
+      for (int64_t k = vend; k < end; ++k) yr[k] = E::put1(sr[k] * inv);
+      std::memset(yr + end, 0, (keys - end) * sizeof(T));
     }
     if (yd == nullptr) continue;
-    uint16_t* ydr = yd + r * keys;
+    T* ydr = yd + r * keys;
     const int64_t j0 = pair0 + r * keys / 2;
     for (int64_t j = 0; j < end / 2; ++j) {  // (past `end`, y is 0: so is yd, kept or not)
       const auto [b0, b1] = dropout_bits::pair_bits(seed, j0 + j);
-      const uint16_t v0 = round_to_nearest_even(f32_from_bits(yr[2 * j]) * scale);
-      const uint16_t v1 = round_to_nearest_even(f32_from_bits(yr[2 * j + 1]) * scale);
-      ydr[2 * j] = b0 >= threshold ? v0 : uint16_t{0};
-      ydr[2 * j + 1] = b1 >= threshold ? v1 : uint16_t{0};
+      const T v0 = E::put1(E::get1(yr[2 * j]) * scale);
+      const T v1 = E::put1(E::get1(yr[2 * j + 1]) * scale);
+      ydr[2 * j] = b0 >= threshold ? v0 : T{0};
+      ydr[2 * j + 1] = b1 >= threshold ? v1 : T{0};
     }
-    std::memset(ydr + end, 0, (keys - end) * sizeof(uint16_t));
+    std::memset(ydr + end, 0, (keys - end) * sizeof(T));
   }
 }
 
 // One head's rows of the backward pass. g [rows, keys] float32 = d loss / d (dropped)
 // probabilities (overwritten; only the first row_end(limit[r]) keys of row r are read), y and yd
 // as softmax_dropout_rows wrote them (yd null without dropout), limit the mask's row_limits ->
-// ds [rows, keys] bf16 = d loss / d scores, rounded once:
+// ds [rows, keys] = d loss / d scores in E's element type (bf16: rounded once):
 //   gy = yd != 0 ? g * scale : 0 with dropout (yd is nonzero exactly where the element was kept,
 //        except where y is 0, whose terms below are 0 either way), g without;
 //   ds = (gy - sum_k gy_k y_k) * y   (PyTorch's softmax backward in float32, the row sum in 16
 //        lanes in a fixed order),
 // which is 0 at masked places (y is 0 there), and 0 for a row with every key masked, as
-// masked_fill's backward gives. Compiled as softmax_dropout_rows.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void softmax_dropout_grad_rows(float* __restrict g, const uint16_t* __restrict y,
-                               const uint16_t* __restrict yd, const int32_t* __restrict limit,
-                               uint16_t* __restrict ds, int64_t rows, int64_t keys, float scale) {
+// masked_fill's backward gives.
+template <typename E>
+[[gnu::always_inline]] inline void softmax_dropout_grad_rows_impl(
+    float* __restrict g, const typename E::T* __restrict y, const typename E::T* __restrict yd,
+    const int32_t* __restrict limit, typename E::T* __restrict ds, int64_t rows, int64_t keys,
+    float scale) {
+  using T = typename E::T;
   for (int64_t r = 0; r < rows; ++r) {
     float* gr = g + r * keys;
-    const uint16_t* yr = y + r * keys;
-    uint16_t* dsr = ds + r * keys;
+    const T* yr = y + r * keys;
+    T* dsr = ds + r * keys;
     const int64_t end = row_end(limit[r], keys), vend = end / kLanes * kLanes;
     if (yd != nullptr) {
-      const uint16_t* ydr = yd + r * keys;
+      const T* ydr = yd + r * keys;
       for (int64_t k = 0; k < vend; k += kLanes)
-        store(gr + k, __builtin_convertvector(load<Halves>(ydr + k), Ints) != 0
-                          ? load<Floats>(gr + k) * scale
-                          : Floats{});
+        store(gr + k, E::nonzero(ydr + k) ? load<Floats>(gr + k) * scale : Floats{});
       for (int64_t k = vend; k < end; ++k) gr[k] = ydr[k] != 0 ? gr[k] * scale : 0.0f;
     }
     Floats sums = {};
-    for (int64_t k = 0; k < vend; k += kLanes)
-      sums += load<Floats>(gr + k) * from_bf16(load<Halves>(yr + k));
+    for (int64_t k = 0; k < vend; k += kLanes) sums += load<Floats>(gr + k) * E::get(yr + k);
     float dot = 0.0f;
     for (int64_t l = 0; l < kLanes; ++l) dot += sums[l];
-    for (int64_t k = vend; k < end; ++k) dot += gr[k] * f32_from_bits(yr[k]);
+    for (int64_t k = vend; k < end; ++k) dot += gr[k] * E::get1(yr[k]);
     for (int64_t k = 0; k < vend; k += kLanes)
-      store(dsr + k, to_bf16((load<Floats>(gr + k) - dot) * from_bf16(load<Halves>(yr + k))));
-    for (int64_t k = vend; k < end; ++k)
-      dsr[k] = round_to_nearest_even((gr[k] - dot) * f32_from_bits(yr[k]));
-    std::memset(dsr + end, 0, (keys - end) * sizeof(uint16_t));
+      E::put(dsr + k, (load<Floats>(gr + k) - dot) * E::get(yr + k));
+    for (int64_t k = vend; k < end; ++k) dsr[k] = E::put1((gr[k] - dot) * E::get1(yr[k]));
+    std::memset(dsr + end, 0, (keys - end) * sizeof(T));
   }
 }
 
-// dst[r * ld + c] = bf16(src[r * cols + c]) for rows x cols float32 (round to nearest even, c10's
-// round_to_nearest_even bit for bit), 16 columns at a time.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void round_rows(const float* __restrict src, int64_t rows, int64_t cols, uint16_t* __restrict dst,
-                int64_t ld) {
+// dst[r * ld + c] = src[r * cols + c] for rows x cols float32, in E's element type (bf16: round
+// to nearest even, c10's round_to_nearest_even bit for bit), 16 columns at a time.
+template <typename E>
+[[gnu::always_inline]] inline void round_rows_impl(const float* __restrict src, int64_t rows,
+                                                   int64_t cols, typename E::T* __restrict dst,
+                                                   int64_t ld) {
   const int64_t vcols = cols / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     const float* sr = src + r * cols;
-    uint16_t* dr = dst + r * ld;
-    for (int64_t c = 0; c < vcols; c += kLanes) store(dr + c, to_bf16(load<Floats>(sr + c)));
-    for (int64_t c = vcols; c < cols; ++c) dr[c] = round_to_nearest_even(sr[c]);
+    typename E::T* dr = dst + r * ld;
+    for (int64_t c = 0; c < vcols; c += kLanes) E::put(dr + c, load<Floats>(sr + c));
+    for (int64_t c = vcols; c < cols; ++c) dr[c] = E::put1(sr[c]);
   }
 }
+
+// The row passes above for each element type, compiled three times (x86-64-v4 = AVX-512,
+// x86-64-v3 = AVX2 + FMA, baseline; chosen when the library loads): the v3 and v4 versions
+// contract multiply-adds alike, so they give the same bits; the baseline version (no FMA) may
+// differ in the last bit of a float32 value.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MLLM_ROW_PASS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MLLM_ROW_PASS
+#endif
+MLLM_ROW_PASS void softmax_dropout_rows(float* s, const float* bias, const int32_t* limit,
+                                       uint16_t* y, uint16_t* yd, int64_t rows, int64_t keys,
+                                       int64_t pair0, uint64_t seed, uint32_t threshold,
+                                       float scale) {
+  softmax_dropout_rows_impl<Bf16>(s, bias, limit, y, yd, rows, keys, pair0, seed, threshold,
+                                  scale);
+}
+MLLM_ROW_PASS void softmax_dropout_rows(float* s, const float* bias, const int32_t* limit,
+                                       float* y, float* yd, int64_t rows, int64_t keys,
+                                       int64_t pair0, uint64_t seed, uint32_t threshold,
+                                       float scale) {
+  softmax_dropout_rows_impl<F32>(s, bias, limit, y, yd, rows, keys, pair0, seed, threshold,
+                                 scale);
+}
+MLLM_ROW_PASS void softmax_dropout_grad_rows(float* g, const uint16_t* y, const uint16_t* yd,
+                                            const int32_t* limit, uint16_t* ds, int64_t rows,
+                                            int64_t keys, float scale) {
+  softmax_dropout_grad_rows_impl<Bf16>(g, y, yd, limit, ds, rows, keys, scale);
+}
+MLLM_ROW_PASS void softmax_dropout_grad_rows(float* g, const float* y, const float* yd,
+                                            const int32_t* limit, float* ds, int64_t rows,
+                                            int64_t keys, float scale) {
+  softmax_dropout_grad_rows_impl<F32>(g, y, yd, limit, ds, rows, keys, scale);
+}
+MLLM_ROW_PASS void round_rows(const float* src, int64_t rows, int64_t cols, uint16_t* dst,
+                             int64_t ld) {
+  round_rows_impl<Bf16>(src, rows, cols, dst, ld);
+}
+MLLM_ROW_PASS void round_rows(const float* src, int64_t rows, int64_t cols, float* dst,
+                             int64_t ld) {
+  round_rows_impl<F32>(src, rows, cols, dst, ld);
+}
+#undef MLLM_ROW_PASS
 
 // acc[i] += x[i] for n float32 values (one rounding each, so the same bits however compiled).
 void add_into(float* __restrict acc, const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-// A [batch, len, heads, head_dim] bf16 tensor as the products read it: head h of batch b is the
-// [len, head_dim] matrix at at(b, h) with leading dimension ld.
+// A [batch, len, heads, head_dim] tensor of element type T as the products read it: head h of
+// batch b is the [len, head_dim] matrix at at(b, h) with leading dimension ld.
+template <typename T>
 struct Heads {
-  const uint16_t* data;
+  const T* data;
   int64_t batch_stride, ld, head_dim;
-  const uint16_t* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_dim; }
+  const T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_dim; }
 };
 // The tensor itself when its head dimension is dense and its heads side by side in each row (the
 // split outputs of mllm::linears), else a contiguous copy; `keep` holds what was read.
-Heads heads_of(const torch::Tensor& x, torch::Tensor& keep) {
+template <typename T>
+Heads<T> heads_of(const torch::Tensor& x, torch::Tensor& keep) {
   const bool readable = x.stride(3) == 1 && x.stride(2) == x.size(3) &&
                         x.stride(1) >= x.size(2) * x.size(3);
   keep = readable ? x : x.contiguous();
-  return {reinterpret_cast<const uint16_t*>(keep.const_data_ptr()), keep.stride(0),
+  return {static_cast<const T*>(keep.const_data_ptr()), keep.stride(0),
           keep.stride(1), keep.size(3)};
 }
 
 // A size or stride as oneMKL's LP64 int; throws mllm::Error past 2^31 - 1.
 int to_int(int64_t v) {
   MLLM_CHECK(v <= std::numeric_limits<int>::max(),
-             "cpu_attention_bf16: a size or stride of 2^31 or more");
+             "cpu_attention: a size or stride of 2^31 or more");
   return static_cast<int>(v);
 }
 
@@ -268,24 +360,27 @@ Problem problem_of(const torch::Tensor& q, const torch::Tensor& k, const MaskRow
           shared ? 0 : m.ends.size(1)};
 }
 
-// The forward pass: out [batch, seq, heads * head_dim] bf16. y and yd, when defined, receive
-// the probabilities and their dropped form ([batch, heads, seq, keys] bf16); otherwise they live
-// in per-thread scratch. `drop` null: no dropout.
-torch::Tensor attention_forward(const Problem& pb, const Heads& q, const Heads& k, const Heads& v,
+// The forward pass: out [batch, seq, heads * head_dim] of E's dtype. y and yd, when defined,
+// receive the probabilities and their dropped form ([batch, heads, seq, keys], E's dtype);
+// otherwise they live in per-thread scratch. `drop` null: no dropout.
+template <typename E>
+torch::Tensor attention_forward(const Problem& pb, const Heads<typename E::T>& q,
+                                const Heads<typename E::T>& k, const Heads<typename E::T>& v,
                                 const DropoutDraw* drop, const torch::Tensor& y,
                                 const torch::Tensor& yd, const torch::TensorOptions& options) {
-  const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+  using T = typename E::T;
+  const GemmBf16Bf16F32 gemm = E::gemm();
   const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
-  torch::Tensor out = torch::empty({pb.batch, t, pb.heads * hd}, options);
-  auto* out_p = reinterpret_cast<uint16_t*>(out.data_ptr());
-  auto* y_p = y.defined() ? reinterpret_cast<uint16_t*>(y.data_ptr()) : nullptr;
-  auto* yd_p = yd.defined() ? reinterpret_cast<uint16_t*>(yd.data_ptr()) : nullptr;
+  torch::Tensor out = torch::empty({pb.batch, t, pb.heads * hd}, options.dtype(E::kDtype));
+  auto* out_p = static_cast<T*>(out.data_ptr());
+  auto* y_p = y.defined() ? static_cast<T*>(y.data_ptr()) : nullptr;
+  auto* yd_p = yd.defined() ? static_cast<T*>(yd.data_ptr()) : nullptr;
   const int mk = to_int(keys), mh = to_int(hd), ldq = to_int(q.ld), ldk = to_int(k.ld),
             ldv = to_int(v.ld);
   at::parallel_for(0, pb.batch * pb.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(static_cast<size_t>(kRowBlock * keys)), o(static_cast<size_t>(t * hd));
-    std::vector<uint16_t> y_scratch(y_p == nullptr ? kRowBlock * keys : 0);
-    std::vector<uint16_t> yd_scratch(drop != nullptr && yd_p == nullptr ? kRowBlock * keys : 0);
+    std::vector<T> y_scratch(y_p == nullptr ? kRowBlock * keys : 0);
+    std::vector<T> yd_scratch(drop != nullptr && yd_p == nullptr ? kRowBlock * keys : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / pb.heads, h = task % pb.heads, kh = h / group;
       const int32_t* ends = pb.ends_of(b);
@@ -293,8 +388,8 @@ torch::Tensor attention_forward(const Problem& pb, const Heads& q, const Heads& 
       // probabilities, and those times v.
       for (int64_t r0 = 0, i = 0; r0 < t; r0 += kRowBlock, ++i) {
         const int64_t rows = std::min(kRowBlock, t - r0);
-        uint16_t* yb = y_p != nullptr ? y_p + (task * t + r0) * keys : y_scratch.data();
-        uint16_t* ydb = drop == nullptr    ? nullptr
+        T* yb = y_p != nullptr ? y_p + (task * t + r0) * keys : y_scratch.data();
+        T* ydb = drop == nullptr          ? nullptr
                         : yd_p != nullptr ? yd_p + (task * t + r0) * keys
                                           : yd_scratch.data();
         gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, static_cast<int>(rows), ends[i], mh,
@@ -314,23 +409,25 @@ torch::Tensor attention_forward(const Problem& pb, const Heads& q, const Heads& 
   return out;
 }
 
-struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunction> {
+template <typename E>
+struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunction<E>> {
+  using T = typename E::T;
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& mask, double scale, double p) {
     torch::Tensor qk, kk, vk;
-    const Heads qh = heads_of(q, qk), kh = heads_of(k, kk), vh = heads_of(v, vk);
+    const Heads<T> qh = heads_of<T>(q, qk), kh = heads_of<T>(k, kk), vh = heads_of<T>(v, vk);
     const MaskRows rows = mask_rows(mask);
     const Problem pb = problem_of(q, k, rows, scale);
     std::optional<DropoutDraw> drop;
     if (p > 0.0) drop = draw_dropout(p);
-    const auto bf16 = q.options().dtype(torch::kBFloat16);
-    torch::Tensor y = torch::empty({pb.batch, pb.heads, pb.seq, pb.keys}, bf16);
+    const auto elems = q.options().dtype(E::kDtype);
+    torch::Tensor y = torch::empty({pb.batch, pb.heads, pb.seq, pb.keys}, elems);
     torch::Tensor yd = drop ? torch::empty_like(y) : torch::Tensor();
     torch::Tensor out;
     {
-      RECORD_FUNCTION("mllm::cpu_attention_bf16", std::vector<c10::IValue>({q, k, v}));
-      out = attention_forward(pb, qh, kh, vh, drop ? &*drop : nullptr, y, yd, bf16);
+      RECORD_FUNCTION("mllm::cpu_attention", std::vector<c10::IValue>({q, k, v}));
+      out = attention_forward<E>(pb, qh, kh, vh, drop ? &*drop : nullptr, y, yd, elems);
     }
     ctx->save_for_backward({qk, kk, vk, rows.limit, rows.ends, y, drop ? yd : y});
     ctx->saved_data["scale"] = scale;
@@ -340,17 +437,18 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    RECORD_FUNCTION("mllm::cpu_attention_bf16_backward", std::vector<c10::IValue>());
+    RECORD_FUNCTION("mllm::cpu_attention_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
     torch::Tensor qk, kk, vk;
-    const Heads q = heads_of(saved[0], qk), k = heads_of(saved[1], kk), v = heads_of(saved[2], vk);
+    const Heads<T> q = heads_of<T>(saved[0], qk), k = heads_of<T>(saved[1], kk),
+                   v = heads_of<T>(saved[2], vk);
     const MaskRows rows{torch::Tensor(), saved[3], saved[4]};
     const torch::Tensor& y = saved[5];
     const double drop_scale = ctx->saved_data["drop_scale"].toDouble();
     const bool dropout = drop_scale != 0.0;
     const torch::Tensor& yd = saved[6];
     const Problem pb = problem_of(qk, kk, rows, ctx->saved_data["scale"].toDouble());
-    const torch::Tensor d_out = grads[0].to(torch::kBFloat16).contiguous();
+    const torch::Tensor d_out = grads[0].to(E::kDtype).contiguous();
     const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
     // dq, dk and dv side by side in one [batch, seq, heads + 2 kv_heads, head_dim] buffer (where
     // keys == seq), in the order of q/k/v as mllm::linears splits them: the Q/K/V product's
@@ -367,18 +465,18 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
       dk = torch::empty(kk.sizes(), y.options());
       dv = torch::empty(vk.sizes(), y.options());
     }
-    const GemmBf16Bf16F32 gemm = mkl_gemm_bf16bf16f32();
+    const GemmBf16Bf16F32 gemm = E::gemm();
     // Row and batch strides (elements) of d_out and of the gradients.
     const int64_t ld_out = pb.heads * hd, ld_dq = dq.stride(1), ld_dkv = dk.stride(1);
     const int64_t dq_batch = dq.stride(0), dkv_batch = dk.stride(0);
     const int mk = to_int(keys), mh = to_int(hd), mo = to_int(ld_out), ldq = to_int(q.ld),
               ldk = to_int(k.ld), ldv = to_int(v.ld);
-    const auto* go = reinterpret_cast<const uint16_t*>(d_out.const_data_ptr());
-    const auto* y_p = reinterpret_cast<const uint16_t*>(y.const_data_ptr());
-    const auto* yd_p = reinterpret_cast<const uint16_t*>(yd.const_data_ptr());
-    auto* dq_p = reinterpret_cast<uint16_t*>(dq.data_ptr());
-    auto* dk_p = reinterpret_cast<uint16_t*>(dk.data_ptr());
-    auto* dv_p = reinterpret_cast<uint16_t*>(dv.data_ptr());
+    const auto* go = static_cast<const T*>(d_out.const_data_ptr());
+    const auto* y_p = static_cast<const T*>(y.const_data_ptr());
+    const auto* yd_p = static_cast<const T*>(yd.const_data_ptr());
+    auto* dq_p = static_cast<T*>(dq.data_ptr());
+    auto* dk_p = static_cast<T*>(dk.data_ptr());
+    auto* dv_p = static_cast<T*>(dv.data_ptr());
     const auto scale_drop = static_cast<float>(drop_scale);
     // One task per (batch, query head), its row blocks in turn: each block's contributions to
     // the head's dk and dv summed in float32 by the products (beta = 1). With grouped key/value
@@ -396,7 +494,7 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
       std::vector<float> g(static_cast<size_t>(kRowBlock * keys));
       std::vector<float> dqf(static_cast<size_t>(t * hd));
       std::vector<float> own(grouped ? 0 : static_cast<size_t>(2 * kv_elems));
-      std::vector<uint16_t> ds(static_cast<size_t>(kRowBlock * keys));
+      std::vector<T> ds(static_cast<size_t>(kRowBlock * keys));
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / pb.heads, h = task % pb.heads, kh = h / group;
         const int32_t* ends = pb.ends_of(b);
@@ -407,9 +505,9 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
           const int64_t rows = std::min(kRowBlock, t - r0);
           const int64_t head_row = task * t + r0;
           const int mr = static_cast<int>(rows), me = ends[i];
-          const uint16_t* go_b = go + (b * t + r0) * ld_out + h * hd;
-          const uint16_t* y_b = y_p + head_row * keys;
-          const uint16_t* yd_b = yd_p + head_row * keys;
+          const T* go_b = go + (b * t + r0) * ld_out + h * hd;
+          const T* y_b = y_p + head_row * keys;
+          const T* yd_b = yd_p + head_row * keys;
           // d loss / d dropped probabilities = d_out v^T, then d loss / d scores
           gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kTrans, mr, me, mh, 1.0f, go_b, mo,
                v.at(b, kh), ldv, 0.0f, g.data(), mk);
@@ -455,14 +553,20 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
 
 }  // namespace
 
-bool cpu_attention_bf16_available() { return mkl_gemm_bf16bf16f32() != nullptr; }
+bool cpu_attention_available(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16) return Bf16::gemm() != nullptr;
+  if (dtype == torch::kFloat) return F32::gemm() != nullptr;
+  return false;
+}
 
-bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v, const torch::Tensor& blocked) {
-  const auto bf16_cpu = [](const torch::Tensor& x) {
-    return x.defined() && x.dim() == 4 && x.is_cpu() && x.scalar_type() == torch::kBFloat16;
+bool cpu_attention_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& blocked) {
+  const auto dtype = q.defined() ? q.scalar_type() : torch::kBFloat16;
+  const auto same_cpu = [&](const torch::Tensor& x) {
+    return x.defined() && x.dim() == 4 && x.is_cpu() && x.scalar_type() == dtype;
   };
-  if (!bf16_cpu(q) || !bf16_cpu(k) || !bf16_cpu(v) || !blocked.defined() || !blocked.is_cpu() ||
+  if ((dtype != torch::kBFloat16 && dtype != torch::kFloat) || !same_cpu(q) || !same_cpu(k) ||
+      !same_cpu(v) || !blocked.defined() || !blocked.is_cpu() ||
       blocked.scalar_type() != torch::kBool || blocked.dim() != 4)
     return false;
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), hd = q.size(3), keys = k.size(1),
@@ -473,28 +577,41 @@ bool cpu_attention_bf16_applies(const torch::Tensor& q, const torch::Tensor& k,
          blocked.size(1) == 1 && blocked.size(2) == t && blocked.size(3) == keys;
 }
 
-torch::Tensor cpu_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
-                                 const torch::Tensor& v, const torch::Tensor& blocked, double scale,
-                                 double p, bool training) {
-  if (!(p >= 0.0 && p < 1.0)) throw Error("cpu_attention_bf16: p must be in [0, 1)");
-  MLLM_CHECK(cpu_attention_bf16_available(),
-             "cpu_attention_bf16: oneMKL's bf16 GEMM is not in use");
-  MLLM_CHECK(cpu_attention_bf16_applies(q, k, v, blocked),
-             "cpu_attention_bf16: expected bf16 CPU q [b, t, h, hd], k and v [b, keys, kvh, hd] "
-             "and a bool mask [b or 1, 1, t, keys] with hd and keys even");
-  const torch::Tensor mask = blocked.contiguous();
-  const double drop = training ? p : 0.0;
+namespace {
+template <typename E>
+torch::Tensor cpu_attention_of(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, double scale,
+                               double drop) {
+  using T = typename E::T;
   if (torch::GradMode::is_enabled() &&
       (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-    return CpuAttentionFunction::apply(q, k, v, mask, scale, drop);
+    return CpuAttentionFunction<E>::apply(q, k, v, mask, scale, drop);
   torch::Tensor qk, kk, vk;
-  const Heads qh = heads_of(q, qk), kh = heads_of(k, kk), vh = heads_of(v, vk);
+  const Heads<T> qh = heads_of<T>(q, qk), kh = heads_of<T>(k, kk), vh = heads_of<T>(v, vk);
   std::optional<DropoutDraw> d;
   if (drop > 0.0) d = draw_dropout(drop);
-  RECORD_FUNCTION("mllm::cpu_attention_bf16", std::vector<c10::IValue>({q, k, v}));
+  RECORD_FUNCTION("mllm::cpu_attention", std::vector<c10::IValue>({q, k, v}));
   const MaskRows rows = mask_rows(mask);
-  return attention_forward(problem_of(q, k, rows, scale), qh, kh, vh, d ? &*d : nullptr,
-                           torch::Tensor(), torch::Tensor(), q.options());
+  return attention_forward<E>(problem_of(q, k, rows, scale), qh, kh, vh, d ? &*d : nullptr,
+                              torch::Tensor(), torch::Tensor(), q.options());
+}
+}  // namespace
+
+torch::Tensor cpu_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& blocked, double scale, double p, bool training) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error("cpu_attention: p must be in [0, 1)");
+  MLLM_CHECK(cpu_attention_applies(q, k, v, blocked),
+             "cpu_attention: expected bf16 or float32 CPU q [b, t, h, hd], k and v [b, keys, kvh, "
+             "hd] of q's dtype and a bool mask [b or 1, 1, t, keys] with hd and keys even");
+  MLLM_CHECK(cpu_attention_available(q.scalar_type()),
+             q.scalar_type() == torch::kBFloat16
+                 ? "cpu_attention: oneMKL's bf16 GEMM is not in use"
+                 : "cpu_attention: LibTorch's libtorch_cpu.so exports no sgemm_");
+  const torch::Tensor mask = blocked.contiguous();
+  const double drop = training ? p : 0.0;
+  return q.scalar_type() == torch::kBFloat16
+             ? cpu_attention_of<Bf16>(q, k, v, mask, scale, drop)
+             : cpu_attention_of<F32>(q, k, v, mask, scale, drop);
 }
 
 }  // namespace mllm

@@ -927,7 +927,7 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
 // grouped key/value heads. The values of that path are checked by
 // Linear.FusedLinearsReadAdjacentGradientsWithoutCopy and the CpuAttention tests.
 TEST(AttentionImpl, FusedBf16BackwardCopiesNoQkvGradients) {
-  if (!cpu_attention_bf16_available()) GTEST_SKIP() << "no fused CPU bf16 attention here";
+  if (!cpu_attention_available(torch::kBFloat16)) GTEST_SKIP() << "no fused CPU bf16 attention here";
   for (const int64_t kvh : {4, 2}) {
     torch::manual_seed(8);
     AttentionOptions o;
