@@ -212,22 +212,38 @@ void add_bias_softmax_stats_rows_f32(float* __restrict x, const float* __restric
 // -> x overwritten with the gradient of the summed loss for an upstream gradient of 1:
 // exp(x - mx) * (valid / sum), minus valid at the target ((softmax - one-hot) on real rows, 0 on
 // pad rows). ce_grad_rows_f32 in place (that kernel's restrict pointers forbid x == grad), for
-// the fused head (lm_head_loss_sum). Compiled as lse_rows_bf16.
+// the fused head (lm_head_loss_sum). With colsum non-null, colsum [vocab] += the sum of the rows'
+// gradients, row by row in order (the bias gradient, without another pass over the rows; the
+// target's column takes its softmax term and then -valid, two roundings).
+// Compiled as lse_rows_bf16.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void ce_grad_rows_f32_in_place(float* __restrict x, const float* __restrict mx,
                                const float* __restrict sum, const float* __restrict valid,
                                const int64_t* __restrict targets, int64_t rb, int64_t re,
-                               int64_t vocab) {
+                               int64_t vocab, float* __restrict colsum) {
   using namespace vec16;  // NOLINT(build/namespaces)
   const int64_t vend = vocab / kLanes * kLanes;
   for (int64_t r = rb; r < re; ++r) {
     float* row = x + r * vocab;
     const float m = mx[r], f = valid[r] / sum[r];
-    for (int64_t k = 0; k < vend; k += kLanes)
-      store(row + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
-    for (int64_t k = vend; k < vocab; ++k) row[k] = exp_nonpositive(row[k] - m) * f;
+    if (colsum == nullptr) {
+      for (int64_t k = 0; k < vend; k += kLanes)
+        store(row + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
+      for (int64_t k = vend; k < vocab; ++k) row[k] = exp_nonpositive(row[k] - m) * f;
+    } else {
+      for (int64_t k = 0; k < vend; k += kLanes) {
+        const Floats g = exp_nonpositive(load<Floats>(row + k) - m) * f;
+        store(row + k, g);
+        store(colsum + k, load<Floats>(colsum + k) + g);
+      }
+      for (int64_t k = vend; k < vocab; ++k) {
+        row[k] = exp_nonpositive(row[k] - m) * f;
+        colsum[k] += row[k];
+      }
+      colsum[targets[r]] -= valid[r];
+    }
     row[targets[r]] -= valid[r];
   }
 }
@@ -436,8 +452,8 @@ struct HeadLoss {
 // of head_chunk_rows rows: logits = x_c weight^T into one reused buffer, the bias added in the
 // pass that takes the row maxima and sums of exp (add_bias_softmax_stats_rows_f32; as addmm,
 // one rounding of product + bias), the target logits, then, for gradients, the
-// buffer turned into (softmax - one-hot) in place (ce_grad_rows_f32_in_place), dx_c = g_c weight,
-// dw += g_c^T x_c, db += the column sums of g_c. The loss is the unfused path's formula over the
+// buffer turned into (softmax - one-hot) in place (ce_grad_rows_f32_in_place, which also sums
+// the columns for db), dx_c = g_c weight, dw += g_c^T x_c. The loss is the unfused path's formula over the
 // same per-row values: sum over real rows of log(sum) + max - x[target].
 HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, const torch::Tensor& targets, bool want_dx,
@@ -460,6 +476,10 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
   const float* bp = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   const int64_t* tp = targets.const_data_ptr<int64_t>();
   const int64_t grain = grain_rows(vocab);
+  // Rows per block of the bias gradient's partial sums ([blocks, vocab] float32 scratch).
+  const int64_t db_rows = std::max<int64_t>(grain, 32);
+  torch::Tensor partial;
+  if (want_db) partial = torch::empty({(step + db_rows - 1) / db_rows, vocab}, opts);
   for (int64_t start = 0; start < rows; start += step) {
     const int64_t n = std::min(step, rows - start);
     const torch::Tensor xc = x.narrow(0, start, n);
@@ -474,10 +494,28 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
     });
     for (int64_t r = 0; r < n; ++r) tlp[start + r] = lp[r * vocab + tp[start + r]];
     if (!want_dx && !want_dw && !want_db) continue;
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
-                                vocab);
-    });
+    if (!want_db) {
+      at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+        ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
+                                  vocab, nullptr);
+      });
+    } else {
+      // The bias gradient from the same pass: block i's rows summed into partial row i, then
+      // the blocks added in order (blocks of a fixed size: the same bits at any thread count).
+      const int64_t blocks = (n + db_rows - 1) / db_rows;
+      float* pp = partial.data_ptr<float>();
+      at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          std::fill(pp + i * vocab, pp + (i + 1) * vocab, 0.0f);
+          ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start,
+                                    i * db_rows, std::min(n, (i + 1) * db_rows), vocab,
+                                    pp + i * vocab);
+        }
+      });
+      float* dbp = out.db.data_ptr<float>();
+      for (int64_t i = 0; i < blocks; ++i)
+        for (int64_t k = 0; k < vocab; ++k) dbp[k] += pp[i * vocab + k];
+    }
     if (want_dx) {
       torch::Tensor dxc = out.dx.narrow(0, start, n);
       at::mm_out(dxc, lc, weight);
@@ -488,7 +526,6 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
       else
         out.dw.addmm_(lc.t(), xc);
     }
-    if (want_db) out.db.add_(lc.sum(0));
   }
   out.loss = (sum.log().add_(mx) - target_logit).masked_fill_(targets.eq(kPadId), 0.0).sum();
   return out;
