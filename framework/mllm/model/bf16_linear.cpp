@@ -18,6 +18,7 @@
 
 #include "mllm/core/blas.h"
 #include "mllm/core/error.h"
+#include "mllm/model/f32_linear.h"
 
 namespace mllm {
 namespace {
@@ -204,26 +205,6 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
     return {r.dx, r.dw, r.db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
-
-// parts [rows, out_i] bf16 -> [rows, sum out_i] bf16, part i in its columns: a view of their
-// buffer where they already lie side by side in it, in order, with one row stride (the fused
-// CPU attention's backward writes dq, dk and dv so: cpu_attention.cpp), else their copy.
-torch::Tensor side_by_side(const std::vector<torch::Tensor>& parts) {
-  const torch::Tensor& first = parts.front();
-  const int64_t rows = first.size(0);
-  int64_t cols = 0;
-  bool adjacent = rows > 1;
-  for (const auto& p : parts) {
-    adjacent = adjacent && p.scalar_type() == first.scalar_type() && p.size(0) == rows &&
-               p.stride(1) == 1 && p.stride(0) == first.stride(0) &&
-               p.storage().is_alias_of(first.storage()) &&
-               p.storage_offset() == first.storage_offset() + cols;
-    cols += p.size(1);
-  }
-  if (adjacent && first.stride(0) >= cols)
-    return first.as_strided({rows, cols}, {first.stride(0), 1});
-  return at::cat(parts, 1);
-}
 
 // Several linear layers reading the same x as one: weights [out_i, in] concatenated to
 // [sum out_i, in] (w16, bf16), biases likewise (b16), one product, outputs split off the last

@@ -12,6 +12,7 @@
 
 #include "mllm/core/error.h"
 #include "mllm/model/bf16_linear.h"
+#include "mllm/model/f32_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -134,6 +135,7 @@ bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x
 
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   if (bf16_training_linear(layer, x)) return bf16_autocast_linear(x, layer->weight, layer->bias);
+  if (f32_cpu_linear(x, layer->weight)) return f32_linear(x, layer->weight, layer->bias);
   return torch::linear(x, layer->weight, layer->bias);
 }
 
@@ -162,6 +164,12 @@ std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
     if (layer->bias.defined()) biases.push_back(layer->bias);
   }
   if (fused) return bf16_autocast_linears(x, weights, biases);
+  bool f32 = !layers.empty();
+  for (const auto& layer : layers)
+    f32 = f32 && f32_cpu_linear(x, layer->weight) &&
+          layer->bias.defined() == layers[0]->bias.defined() &&
+          layer->weight.size(1) == layers[0]->weight.size(1);
+  if (f32) return f32_linears(x, weights, biases);
   std::vector<torch::Tensor> out;
   for (const auto& layer : layers) out.push_back(linear(layer, x));
   return out;
@@ -170,6 +178,8 @@ std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x) {
   if (bf16_training_linear(layer, x))
     return bf16_autocast_linear(x, layer->weight, layer->bias, /*relu=*/true);
+  if (f32_cpu_linear(x, layer->weight))
+    return f32_linear(x, layer->weight, layer->bias, /*relu=*/true);
   return torch::relu(torch::linear(x, layer->weight, layer->bias));
 }
 

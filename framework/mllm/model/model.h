@@ -163,7 +163,9 @@ void register_builtin_models();
 // optimizer step (docs/precision.md). Training under CPU bf16 autocast (grad mode on, a float32
 // weight that requires grad) on a CPU where bf16_weight_grad_uses_mkl() goes through
 // bf16_autocast_linear (bf16_linear.h): the same forward values, the weight gradient computed in
-// float32 by oneMKL. Same errors as torch::linear.
+// float32 by oneMKL. float32 on the CPU outside autocast goes through f32_linear (f32_linear.h):
+// the same values bit for bit without addmm's broadcast copy of the bias. Same errors as
+// torch::linear.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
@@ -181,14 +183,18 @@ torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
 // relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
 // op (bf16_autocast_linear with relu: oneDNN applies the ReLU to the float32 accumulator before
 // rounding, which equals rounding first, as ReLU commutes with rounding; a NaN pre-activation
-// gives 0 there instead of NaN).
+// gives 0 there instead of NaN); on the float32 CPU path f32_linear with relu (the ReLU in place
+// on the product, the same values).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // {linear(layers[i], x)} for several layers reading the same x [..., in] (attention's Q/K/V
 // projections, SwiGLU's gate and up), each [..., out_i], the same values. On linear's bf16
 // training path, with every layer's weight on it and all layers with a bias or none, one product
 // (bf16_autocast_linears): x cast once, one GEMM over the concatenated bf16 weights; the outputs
-// are then views of one tensor and must not be modified in place. Same errors as torch::linear.
+// are then views of one tensor and must not be modified in place. Likewise on the float32 CPU
+// path outside autocast (f32_linears: one float32 product over the concatenated weights, in
+// grad mode and out of it; its values are the separate layers' up to float32 rounding, as a
+// product over more columns may block its sums differently). Same errors as torch::linear.
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
                                    const torch::Tensor& x);
 

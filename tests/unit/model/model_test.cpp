@@ -14,6 +14,7 @@
 #include "mllm/model/attention.h"
 #include "mllm/model/bf16_linear.h"
 #include "mllm/model/cpu_attention.h"
+#include "mllm/model/f32_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -695,9 +696,8 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
     for (int64_t out : {40, 16, 24})
       layers.emplace_back(torch::nn::LinearOptions(32, out).bias(bias));
     auto x = torch::randn({3, 20, 32}, torch::requires_grad());
-    auto plain = linears(layers, x);
-    for (size_t i = 0; i < layers.size(); ++i)
-      EXPECT_TRUE(torch::equal(plain[i], linear(layers[i], x))) << i;
+    // (float32: one product over the concatenated weights, within float32 rounding of the
+    // separate layers': Linear.Float32LinearsAgainstFloat64AndAdjacentGradients.)
     std::vector<torch::Tensor> got;
     {
       CpuBf16Autocast autocast;
@@ -818,6 +818,149 @@ TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_TRUE(torch::equal(got[i], want[i])) << "layout " << k << " gradient " << i;
   }
+}
+
+// The float32 CPU training linear (f32_linear.h): forward values bit for bit torch::linear's
+// (and relu's of it), in grad mode and out of it; gradients against float64 within Higham's
+// bound for a float32 product (n terms: n u / (1 - n u) times the sum of the terms'
+// magnitudes); ReLU's gradient zero where the output is 0.
+TEST(Linear, Float32LinearEqualsTorchLinearAndGradientsAgainstFloat64) {
+  torch::manual_seed(21);
+  for (bool bias : {true, false}) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "bias " << bias << " relu " << relu);
+      torch::nn::Linear layer(torch::nn::LinearOptions(48, 40).bias(bias));
+      if (bias) layer->bias.data().normal_();
+      const auto x0 = torch::randn({3, 50, 48});
+      auto x = x0.clone().requires_grad_(true);
+      const auto y = relu ? linear_relu(layer, x) : linear(layer, x);
+      ASSERT_NE(y.grad_fn(), nullptr);
+      EXPECT_NE(y.grad_fn()->name().find("F32Linear"), std::string::npos) << y.grad_fn()->name();
+      torch::Tensor want = torch::linear(x0, layer->weight.detach(),
+                                         bias ? layer->bias.detach() : torch::Tensor());
+      if (relu) want = torch::relu(want);
+      EXPECT_TRUE(torch::equal(y.detach(), want));
+      {
+        torch::NoGradGuard no_grad;
+        EXPECT_TRUE(torch::equal(relu ? linear_relu(layer, x0) : linear(layer, x0), want));
+      }
+      const auto g = torch::randn({3, 50, 40});
+      y.backward(g);
+      // float64: g masked by ReLU where the float32 output is 0 (the same mask either way).
+      auto gd = g.to(torch::kDouble).reshape({150, 40});
+      if (relu) gd = gd * want.reshape({150, 40}).gt(0).to(torch::kDouble);
+      const auto xd = x0.to(torch::kDouble).reshape({150, 48});
+      const auto wd = layer->weight.detach().to(torch::kDouble);
+      const auto dx_err = (x.grad().to(torch::kDouble).reshape({150, 48}) - gd.mm(wd)).abs();
+      EXPECT_TRUE(dx_err.le(float32_gemm_bound(gd.abs().mm(wd.abs()), 40)).all().item<bool>())
+          << "dx max error " << dx_err.max().item<double>();
+      const auto dw_err = (layer->weight.grad().to(torch::kDouble) - gd.t().mm(xd)).abs();
+      EXPECT_TRUE(dw_err.le(float32_gemm_bound(gd.abs().t().mm(xd.abs()), 150)).all().item<bool>())
+          << "dw max error " << dw_err.max().item<double>();
+      if (bias) {
+        const auto db_err = (layer->bias.grad().to(torch::kDouble) - gd.sum(0)).abs();
+        EXPECT_TRUE(db_err.le(float32_gemm_bound(gd.abs().sum(0), 150)).all().item<bool>());
+      }
+      if (relu) {  // rows of zeros in the output pass no gradient to the weight
+        const auto dead = want.reshape({150, 40}).le(0).all(0);  // [40]
+        if (dead.any().item<bool>())
+          EXPECT_TRUE(layer->weight.grad().index({dead}).eq(0).all().item<bool>());
+      }
+    }
+  }
+  // Errors: a bf16 x, in-features that differ from the weight's, a bias of the wrong size.
+  const auto w = torch::randn({4, 8});
+  EXPECT_THROW(f32_linear(torch::randn({2, 8}).to(torch::kBFloat16), w, {}), Error);
+  EXPECT_THROW(f32_linear(torch::randn({2, 6}), w, {}), Error);
+  EXPECT_THROW(f32_linear(torch::randn({2, 8}), w, torch::zeros({5})), Error);
+  EXPECT_THROW(f32_linears(torch::randn({2, 8}), {w, w}, {torch::zeros({4})}), Error);
+  EXPECT_THROW(f32_linears(torch::randn({2, 8}), {w, torch::randn({4, 6})}, {}), Error);
+}
+
+// f32_linears (linears on the float32 CPU path): one product over the concatenated weights,
+// outputs within float32 rounding of the separate layers' (the same up to the product's
+// blocking), gradients against float64; an output no loss reads gives its layer zero gradients;
+// gradients lying side by side in one buffer in order (as the fused CPU attention leaves dq, dk,
+// dv) are read without a concatenation, with the same bits as their contiguous copies.
+TEST(Linear, Float32LinearsAgainstFloat64AndAdjacentGradients) {
+  torch::manual_seed(22);
+  const std::vector<int64_t> outs{48, 16, 16};
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "bias " << bias);
+    std::vector<torch::nn::Linear> layers;
+    for (int64_t out : outs) layers.emplace_back(torch::nn::LinearOptions(32, out).bias(bias));
+    const auto x0 = torch::randn({2, 10, 32});
+    auto x = x0.clone().requires_grad_(true);
+    const auto y = linears(layers, x);
+    const auto xd = x0.to(torch::kDouble).reshape({20, 32});
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const auto wd = layers[i]->weight.detach().to(torch::kDouble);
+      auto want = xd.mm(wd.t());
+      auto terms = xd.abs().mm(wd.abs().t());
+      if (bias) {
+        want += layers[i]->bias.detach().to(torch::kDouble);
+        terms += layers[i]->bias.detach().to(torch::kDouble).abs();
+      }
+      const auto err = (y[i].detach().to(torch::kDouble).reshape({20, outs[i]}) - want).abs();
+      EXPECT_TRUE(err.le(float32_gemm_bound(terms, 33)).all().item<bool>()) << i;
+    }
+    // The loss reads outputs 0 and 2.
+    const auto g0 = torch::randn({2, 10, 48}), g2 = torch::randn({2, 10, 16});
+    torch::autograd::backward({y[0], y[2]}, {g0, g2});
+    const auto g0d = g0.to(torch::kDouble).reshape({20, 48}),
+               g2d = g2.to(torch::kDouble).reshape({20, 16});
+    const auto w0 = layers[0]->weight.detach().to(torch::kDouble),
+               w2 = layers[2]->weight.detach().to(torch::kDouble);
+    const auto dx_err =
+        (x.grad().to(torch::kDouble).reshape({20, 32}) - g0d.mm(w0) - g2d.mm(w2)).abs();
+    EXPECT_TRUE(dx_err.le(float32_gemm_bound(g0d.abs().mm(w0.abs()) + g2d.abs().mm(w2.abs()), 80))
+                    .all()
+                    .item<bool>());
+    for (size_t i : {0u, 2u}) {
+      const auto& gd = i == 0 ? g0d : g2d;
+      const auto dw_err = (layers[i]->weight.grad().to(torch::kDouble) - gd.t().mm(xd)).abs();
+      EXPECT_TRUE(dw_err.le(float32_gemm_bound(gd.abs().t().mm(xd.abs()), 20)).all().item<bool>());
+      if (bias) {
+        const auto db_err = (layers[i]->bias.grad().to(torch::kDouble) - gd.sum(0)).abs();
+        EXPECT_TRUE(db_err.le(float32_gemm_bound(gd.abs().sum(0), 20)).all().item<bool>());
+      }
+    }
+    EXPECT_TRUE(layers[1]->weight.grad().eq(0).all().item<bool>());
+    if (bias) EXPECT_TRUE(layers[1]->bias.grad().eq(0).all().item<bool>());
+    // Without grad mode: the same bits as with it.
+    torch::NoGradGuard no_grad;
+    const auto again = linears(layers, x0);
+    for (size_t i = 0; i < outs.size(); ++i) EXPECT_TRUE(torch::equal(again[i], y[i])) << i;
+  }
+  // Adjacent gradients: read in place (no aten::cat), the same bits as contiguous copies.
+  std::vector<torch::nn::Linear> layers;
+  for (int64_t out : outs) layers.emplace_back(torch::nn::LinearOptions(32, out));
+  const auto x0 = torch::randn({2, 10, 32});
+  const auto buffer = torch::randn({2, 10, 80});
+  auto run = [&](bool copies, int* cats) {
+    for (auto& l : layers) l->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    const auto y = linears(layers, x);
+    std::vector<torch::Tensor> g;
+    for (size_t i = 0, at = 0; i < outs.size(); at += outs[i], ++i) {
+      g.push_back(buffer.narrow(2, static_cast<int64_t>(at), outs[i]));
+      if (copies) g.back() = g.back().contiguous();
+    }
+    OpCounter cat("aten::cat");
+    torch::autograd::backward(y, g);
+    *cats = cat.count();
+    std::vector<torch::Tensor> r{x.grad()};
+    for (auto& l : layers) {
+      r.push_back(l->weight.grad());
+      r.push_back(l->bias.grad());
+    }
+    return r;
+  };
+  int cats = -1, copy_cats = -1;
+  const auto got = run(false, &cats), want = run(true, &copy_cats);
+  EXPECT_EQ(cats, 0);
+  EXPECT_EQ(copy_cats, 1);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << i;
 }
 
 // ReLU's gradient on bit patterns against PyTorch's threshold_backward(g, y, 0), for every one of
