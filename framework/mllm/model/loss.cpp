@@ -449,11 +449,12 @@ struct HeadLoss {
 
 // x [rows, d] float32 contiguous, weight [vocab, d] float32 contiguous, bias [vocab] float32 or
 // undefined, targets [rows] int64 contiguous (ids checked) on the CPU -> HeadLoss, chunk by chunk
-// of head_chunk_rows rows: logits = x_c weight^T into one reused buffer, the bias added in the
-// pass that takes the row maxima and sums of exp (add_bias_softmax_stats_rows_f32; as addmm,
-// one rounding of product + bias), the target logits, then, for gradients, the
-// buffer turned into (softmax - one-hot) in place (ce_grad_rows_f32_in_place, which also sums
-// the columns for db), dx_c = g_c weight, dw += g_c^T x_c. The loss is the unfused path's formula over the
+// of head_chunk_rows rows: logits = x_c weight^T into one reused buffer; then row by row the
+// bias added in the pass that takes the row's maximum and sum of exp
+// (add_bias_softmax_stats_rows_f32; as addmm, one rounding of product + bias), its target logit
+// and, for gradients, the row turned into (softmax - one-hot) in place while it is in cache
+// (ce_grad_rows_f32_in_place, which also sums the columns for db); then dx_c = g_c weight and
+// dw += g_c^T x_c. The loss is the unfused path's formula over the
 // same per-row values: sum over real rows of log(sum) + max - x[target].
 HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, const torch::Tensor& targets, bool want_dx,
@@ -486,19 +487,25 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
     torch::Tensor lc = logits.narrow(0, 0, n);
     at::mm_out(lc, xc, wt);
     float* lp = lc.data_ptr<float>();
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      if (bp != nullptr)
-        add_bias_softmax_stats_rows_f32(lp, bp, begin, end, vocab, mp + start, sp + start);
-      else
-        softmax_stats_rows_f32(lp, begin, end, vocab, mp + start, sp + start);
-    });
-    for (int64_t r = 0; r < n; ++r) tlp[start + r] = lp[r * vocab + tp[start + r]];
-    if (!want_dx && !want_dw && !want_db) continue;
+    // Rows r0..r1-1 of the chunk: the bias, the row's maximum and sum of exp, its target logit
+    // and, for gradients, the row turned into its gradient (into colsum's column sums) while it
+    // is still in the L1/L2 cache, row by row.
+    const bool grads = want_dx || want_dw || want_db;
+    auto row_pass = [&](int64_t r0, int64_t r1, float* colsum) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (bp != nullptr)
+          add_bias_softmax_stats_rows_f32(lp, bp, r, r + 1, vocab, mp + start, sp + start);
+        else
+          softmax_stats_rows_f32(lp, r, r + 1, vocab, mp + start, sp + start);
+        tlp[start + r] = lp[r * vocab + tp[start + r]];
+        if (grads)
+          ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, r, r + 1,
+                                    vocab, colsum);
+      }
+    };
     if (!want_db) {
-      at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-        ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, begin, end,
-                                  vocab, nullptr);
-      });
+      at::parallel_for(0, n, grain,
+                       [&](int64_t begin, int64_t end) { row_pass(begin, end, nullptr); });
     } else {
       // The bias gradient from the same pass: block i's rows summed into partial row i, then
       // the blocks added in order (blocks of a fixed size: the same bits at any thread count).
@@ -507,9 +514,7 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
       at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           std::fill(pp + i * vocab, pp + (i + 1) * vocab, 0.0f);
-          ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start,
-                                    i * db_rows, std::min(n, (i + 1) * db_rows), vocab,
-                                    pp + i * vocab);
+          row_pass(i * db_rows, std::min(n, (i + 1) * db_rows), pp + i * vocab);
         }
       });
       float* dbp = out.db.data_ptr<float>();
