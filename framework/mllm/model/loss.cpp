@@ -207,45 +207,74 @@ void add_bias_softmax_stats_rows_f32(float* __restrict x, const float* __restric
   }
 }
 
-// Rows rb..re-1 of float32 logits x [rows, vocab] with mx [rows] and sum [rows]
-// (softmax_stats_rows_f32), valid [rows] (1 on real targets, 0 on pad targets), targets [rows]
-// -> x overwritten with the gradient of the summed loss for an upstream gradient of 1:
-// exp(x - mx) * (valid / sum), minus valid at the target ((softmax - one-hot) on real rows, 0 on
-// pad rows). ce_grad_rows_f32 in place (that kernel's restrict pointers forbid x == grad), for
-// the fused head (lm_head_loss_sum). With colsum non-null, colsum [vocab] += the sum of the rows'
-// gradients, row by row in order (the bias gradient, without another pass over the rows; the
-// target's column takes its softmax term and then -valid, two roundings).
-// Compiled as lse_rows_bf16.
+// One row of the fused head when gradients are wanted (head_loss_chunks): row [vocab] float32,
+// the head's product without the bias, bias [vocab] or null, the row's target id, and valid (1
+// for a real target, 0 for a pad) -> *mx, *sum (the row's maximum m and sum of exp(x - m), as
+// row_max_and_sum gives them for x + bias), *target_logit (x + bias at the target) and the row
+// overwritten with the gradient of the summed loss for an upstream gradient of 1:
+// exp(x - m) * (valid / sum), minus valid at the target ((softmax - one-hot) on a real row, 0
+// on a pad row); colsum [vocab], when non-null, += that gradient (the bias gradient's column
+// sums; the target's column takes its softmax term, then -valid). Four passes over the row
+// while it is in the L1 cache: the bias and the maximum, exp(x - m) stored and summed, scaled,
+// and the target. Compiled as lse_rows_bf16.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-void ce_grad_rows_f32_in_place(float* __restrict x, const float* __restrict mx,
-                               const float* __restrict sum, const float* __restrict valid,
-                               const int64_t* __restrict targets, int64_t rb, int64_t re,
-                               int64_t vocab, float* __restrict colsum) {
+void head_grad_row_f32(float* __restrict row, const float* __restrict bias, int64_t vocab,
+                       int64_t target, float valid, float* __restrict mx, float* __restrict sum,
+                       float* __restrict target_logit, float* __restrict colsum) {
   using namespace vec16;  // NOLINT(build/namespaces)
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t vend = vocab / kLanes * kLanes;
-  for (int64_t r = rb; r < re; ++r) {
-    float* row = x + r * vocab;
-    const float m = mx[r], f = valid[r] / sum[r];
-    if (colsum == nullptr) {
-      for (int64_t k = 0; k < vend; k += kLanes)
-        store(row + k, exp_nonpositive(load<Floats>(row + k) - m) * f);
-      for (int64_t k = vend; k < vocab; ++k) row[k] = exp_nonpositive(row[k] - m) * f;
-    } else {
-      for (int64_t k = 0; k < vend; k += kLanes) {
-        const Floats g = exp_nonpositive(load<Floats>(row + k) - m) * f;
-        store(row + k, g);
-        store(colsum + k, load<Floats>(colsum + k) + g);
-      }
-      for (int64_t k = vend; k < vocab; ++k) {
-        row[k] = exp_nonpositive(row[k] - m) * f;
-        colsum[k] += row[k];
-      }
-      colsum[targets[r]] -= valid[r];
+  Floats lanes = splat(kNegInf);
+  if (bias != nullptr) {
+    for (int64_t k = 0; k < vend; k += kLanes) {
+      const Floats v = load<Floats>(row + k) + load<Floats>(bias + k);
+      store(row + k, v);
+      lanes = v > lanes ? v : lanes;
     }
-    row[targets[r]] -= valid[r];
+    for (int64_t k = vend; k < vocab; ++k) row[k] += bias[k];
+  } else {
+    for (int64_t k = 0; k < vend; k += kLanes) {
+      const Floats v = load<Floats>(row + k);
+      lanes = v > lanes ? v : lanes;
+    }
   }
+  float m = kNegInf;
+  for (int64_t l = 0; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  for (int64_t k = vend; k < vocab; ++k) m = row[k] > m ? row[k] : m;
+  *target_logit = row[target];
+  Floats sums = {};
+  for (int64_t k = 0; k < vend; k += kLanes) {
+    const Floats e = exp_nonpositive(load<Floats>(row + k) - m);
+    store(row + k, e);
+    sums += e;
+  }
+  float s = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) s += sums[l];
+  for (int64_t k = vend; k < vocab; ++k) {
+    row[k] = exp_nonpositive(row[k] - m);
+    s += row[k];
+  }
+  *mx = m;
+  *sum = s;
+  const float f = valid / s;
+  if (colsum == nullptr) {
+    for (int64_t k = 0; k < vend; k += kLanes) store(row + k, load<Floats>(row + k) * f);
+    for (int64_t k = vend; k < vocab; ++k) row[k] *= f;
+  } else {
+    for (int64_t k = 0; k < vend; k += kLanes) {
+      const Floats g = load<Floats>(row + k) * f;
+      store(row + k, g);
+      store(colsum + k, load<Floats>(colsum + k) + g);
+    }
+    for (int64_t k = vend; k < vocab; ++k) {
+      row[k] *= f;
+      colsum[k] += row[k];
+    }
+    colsum[target] -= valid;
+  }
+  row[target] -= valid;
 }
 
 // Rows per parallel chunk: about 64 K logits.
@@ -453,7 +482,7 @@ struct HeadLoss {
 // bias added in the pass that takes the row's maximum and sum of exp
 // (add_bias_softmax_stats_rows_f32; as addmm, one rounding of product + bias), its target logit
 // and, for gradients, the row turned into (softmax - one-hot) in place while it is in cache
-// (ce_grad_rows_f32_in_place, which also sums the columns for db); then dx_c = g_c weight and
+// (head_grad_row_f32, which also sums the columns for db); then dx_c = g_c weight and
 // dw += g_c^T x_c. The loss is the unfused path's formula over the
 // same per-row values: sum over real rows of log(sum) + max - x[target].
 HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
@@ -489,18 +518,21 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
     float* lp = lc.data_ptr<float>();
     // Rows r0..r1-1 of the chunk: the bias, the row's maximum and sum of exp, its target logit
     // and, for gradients, the row turned into its gradient (into colsum's column sums) while it
-    // is still in the L1/L2 cache, row by row.
+    // is still in the L1/L2 cache, row by row (head_grad_row_f32).
     const bool grads = want_dx || want_dw || want_db;
     auto row_pass = [&](int64_t r0, int64_t r1, float* colsum) {
       for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i = start + r;
+        if (grads) {
+          head_grad_row_f32(lp + r * vocab, bp, vocab, tp[i], vp[i], mp + i, sp + i, tlp + i,
+                            colsum);
+          continue;
+        }
         if (bp != nullptr)
           add_bias_softmax_stats_rows_f32(lp, bp, r, r + 1, vocab, mp + start, sp + start);
         else
           softmax_stats_rows_f32(lp, r, r + 1, vocab, mp + start, sp + start);
-        tlp[start + r] = lp[r * vocab + tp[start + r]];
-        if (grads)
-          ce_grad_rows_f32_in_place(lp, mp + start, sp + start, vp + start, tp + start, r, r + 1,
-                                    vocab, colsum);
+        tlp[i] = lp[r * vocab + tp[i]];
       }
     };
     if (!want_db) {
