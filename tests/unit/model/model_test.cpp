@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -770,6 +771,32 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
   EXPECT_THROW(bf16_autocast_linears(x, {a->weight, c->weight}, {}), Error);
 }
 
+// linears(layers, x0) (under CPU bf16 autocast with `bf16`), then its backward with output i's
+// gradient g[i]; *cats gets the number of aten::cat calls in the backward -> {x's gradient, each
+// layer's weight and bias gradients}.
+std::vector<torch::Tensor> linears_grads(std::vector<torch::nn::Linear>& layers,
+                                         const torch::Tensor& x0,
+                                         const std::vector<torch::Tensor>& g, bool bf16,
+                                         int* cats) {
+  for (auto& l : layers) l->zero_grad();
+  auto x = x0.clone().requires_grad_(true);
+  std::vector<torch::Tensor> y;
+  {
+    std::optional<CpuBf16Autocast> autocast;
+    if (bf16) autocast.emplace();
+    y = linears(layers, x);
+  }
+  OpCounter cat("aten::cat");
+  torch::autograd::backward(y, g);
+  *cats = cat.count();
+  std::vector<torch::Tensor> r{x.grad()};
+  for (auto& l : layers) {
+    r.push_back(l->weight.grad());
+    r.push_back(l->bias.grad());
+  }
+  return r;
+}
+
 // linears' backward reads its outputs' gradients as one matrix where they lie side by side in one
 // buffer, in order (as the fused CPU attention's backward leaves dq, dk and dv): no concatenation,
 // and every gradient (x's, the weights', the biases') equal bit for bit to the same backward
@@ -789,26 +816,12 @@ TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
   // first, out of order (the second first).
   const std::vector<std::vector<int64_t>> layouts{{0, 48, 64}, {0, 56, 72}, {16, 0, 64}};
   auto run = [&](const std::vector<int64_t>& start, bool copies, int* cats) {
-    for (auto& l : layers) l->zero_grad();
-    auto x = x0.clone().requires_grad_(true);
-    std::vector<torch::Tensor> y, g;
-    {
-      CpuBf16Autocast autocast;
-      y = linears(layers, x);
-    }
+    std::vector<torch::Tensor> g;
     for (size_t i = 0; i < outs.size(); ++i) {
       g.push_back(buffer.narrow(2, start[i], outs[i]));
       if (copies) g.back() = g.back().contiguous();
     }
-    OpCounter cat("aten::cat");
-    torch::autograd::backward(y, g);
-    *cats = cat.count();
-    std::vector<torch::Tensor> r{x.grad()};
-    for (auto& l : layers) {
-      r.push_back(l->weight.grad());
-      r.push_back(l->bias.grad());
-    }
-    return r;
+    return linears_grads(layers, x0, g, /*bf16=*/true, cats);
   };
   for (size_t k = 0; k < layouts.size(); ++k) {
     int cats = -1, copy_cats = -1;
@@ -938,23 +951,12 @@ TEST(Linear, Float32LinearsAgainstFloat64AndAdjacentGradients) {
   const auto x0 = torch::randn({2, 10, 32});
   const auto buffer = torch::randn({2, 10, 80});
   auto run = [&](bool copies, int* cats) {
-    for (auto& l : layers) l->zero_grad();
-    auto x = x0.clone().requires_grad_(true);
-    const auto y = linears(layers, x);
     std::vector<torch::Tensor> g;
     for (size_t i = 0, at = 0; i < outs.size(); at += outs[i], ++i) {
       g.push_back(buffer.narrow(2, static_cast<int64_t>(at), outs[i]));
       if (copies) g.back() = g.back().contiguous();
     }
-    OpCounter cat("aten::cat");
-    torch::autograd::backward(y, g);
-    *cats = cat.count();
-    std::vector<torch::Tensor> r{x.grad()};
-    for (auto& l : layers) {
-      r.push_back(l->weight.grad());
-      r.push_back(l->bias.grad());
-    }
-    return r;
+    return linears_grads(layers, x0, g, /*bf16=*/false, cats);
   };
   int cats = -1, copy_cats = -1;
   const auto got = run(false, &cats), want = run(true, &copy_cats);
