@@ -1,8 +1,6 @@
 // Fused CPU attention, bf16 and float32 (cpu_attention.h).
 #include "mllm/model/cpu_attention.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include "mllm/model/bf16_linear.h"
 #include "mllm/model/dropout.h"
 #include "mllm/model/dropout_bits.h"
+#include "mllm/model/mkl_gemm.h"
 #include "mllm/model/vec16.h"
 
 namespace mllm {
@@ -28,30 +27,13 @@ using c10::detail::round_to_nearest_even;
 using namespace vec16;  // NOLINT(build/namespaces): the 16-lane helpers of the row passes
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// MKL's Fortran sgemm_ (column-major; the oneMKL reference, "?gemm"), from LibTorch's
-// libtorch_cpu.so (the x86-64 wheels link oneMKL statically and export it), or nullptr.
-using SgemmFortran = void (*)(const char* transa, const char* transb, const int* m, const int* n,
-                              const int* k, const float* alpha, const float* a, const int* lda,
-                              const float* b, const int* ldb, const float* beta, float* c,
-                              const int* ldc);
-SgemmFortran fortran_sgemm() {
-  static const SgemmFortran f = [] {
-    void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
-    return torch_cpu != nullptr ? reinterpret_cast<SgemmFortran>(::dlsym(torch_cpu, "sgemm_"))
-                                : nullptr;
-  }();
-  return f;
-}
-
-// The float32 product in the form of GemmBf16Bf16F32 (row-major only): C = alpha op(A) op(B) +
-// beta C is C^T = alpha op(B)^T op(A)^T + beta C^T in column-major terms, where each row-major
-// matrix is its own transpose with the same leading dimension.
+// The float32 product in the form of GemmBf16Bf16F32 (row-major only; mkl_gemm.h).
 void sgemm_row_major(int /*layout: row-major*/, int transa, int transb, int m, int n, int k,
                      float alpha, const void* a, int lda, const void* b, int ldb, float beta,
                      float* c, int ldc) {
-  const char ta = transa == cblas::kTrans ? 'T' : 'N', tb = transb == cblas::kTrans ? 'T' : 'N';
-  fortran_sgemm()(&tb, &ta, &n, &m, &k, &alpha, static_cast<const float*>(b), &ldb,
-                  static_cast<const float*>(a), &lda, &beta, c, &ldc);
+  mkl_sgemm_row_major(transa == cblas::kTrans, transb == cblas::kTrans, m, n, k, alpha,
+                      static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
+                      c, ldc);
 }
 
 // The kernel's two element types: the probabilities, the gradients of the scores, q/k/v, the
@@ -79,7 +61,7 @@ struct F32 {
   [[gnu::always_inline]] static float get1(T x) { return x; }
   [[gnu::always_inline]] static T put1(float f) { return f; }
   [[gnu::always_inline]] static Ints nonzero(const T* p) { return load<Floats>(p) != 0.0f; }
-  static GemmBf16Bf16F32 gemm() { return fortran_sgemm() != nullptr ? &sgemm_row_major : nullptr; }
+  static GemmBf16Bf16F32 gemm() { return mkl_sgemm_available() ? &sgemm_row_major : nullptr; }
 };
 
 // The leading keys a row can attend to: limit[r] = 1 + the last unmasked key of mask row r, 0

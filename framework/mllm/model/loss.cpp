@@ -7,6 +7,7 @@
 #include "mllm/model/loss.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -19,6 +20,7 @@
 #include <c10/util/BFloat16.h>
 
 #include "mllm/core/error.h"
+#include "mllm/model/mkl_gemm.h"
 #include "mllm/model/model.h"
 #include "mllm/model/vec16.h"
 
@@ -500,6 +502,16 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
   if (want_dw) out.dw = rows > 0 ? torch::empty({vocab, d}, opts) : torch::zeros({vocab, d}, opts);
   if (want_db) out.db = torch::zeros({vocab}, opts);
   const torch::Tensor wt = weight.t();
+  // The logits' B operand, weight^T, packed once for every full chunk where oneMKL's packed GEMM
+  // is exported (mkl_gemm.h): the chunks' products then skip repacking the [vocab, d] weight
+  // (one pack ~0.24 ms, each product ~15% faster at mini's [256, 128] x [128, 4096] on one
+  // thread of a 2-vCPU Xeon). The input gradient's products take ATen's mm (packed, its B =
+  // weight was slower there).
+  std::optional<MklPackedB> packed_wt;
+  if (rows >= step && step > 1 && MklPackedB::available() && step <= INT_MAX &&
+      vocab <= INT_MAX && d <= INT_MAX)
+    packed_wt.emplace(/*trans_b=*/true, static_cast<int>(step), static_cast<int>(vocab),
+                      static_cast<int>(d), weight.const_data_ptr<float>(), static_cast<int>(d));
   float *mp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>();
   float* tlp = target_logit.data_ptr<float>();
   const float* vp = valid.const_data_ptr<float>();
@@ -514,7 +526,11 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
     const int64_t n = std::min(step, rows - start);
     const torch::Tensor xc = x.narrow(0, start, n);
     torch::Tensor lc = logits.narrow(0, 0, n);
-    at::mm_out(lc, xc, wt);
+    if (packed_wt.has_value() && n == step)
+      packed_wt->compute(xc.const_data_ptr<float>(), static_cast<int>(d), 0.0f,
+                         lc.data_ptr<float>(), static_cast<int>(vocab));
+    else
+      at::mm_out(lc, xc, wt);
     float* lp = lc.data_ptr<float>();
     // Rows r0..r1-1 of the chunk: the bias, the row's maximum and sum of exp, its target logit
     // and, for gradients, the row turned into its gradient (into colsum's column sums) while it
