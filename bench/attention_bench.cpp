@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
   const double f = median(tf), u = median(tu);
   std::printf("attention fwd+bwd %s, batch %lld seq %lld heads %lld/%lld head_dim %lld p %.2f, "
               "%d thread(s): fused %.3f ms, unfused %.3f ms (%.2fx)\n",
-              fp32 ? "fp32" : "bf16", static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(h),
-              static_cast<long long>(kvh), static_cast<long long>(hd), p,
-              at::get_num_threads(), f, u, u / f);
+              fp32 ? "fp32" : "bf16", static_cast<long long>(b), static_cast<long long>(t),
+              static_cast<long long>(h), static_cast<long long>(kvh), static_cast<long long>(hd),
+              p, at::get_num_threads(), f, u, u / f);
   return 0;
 }

@@ -55,13 +55,15 @@ bool uses_sdpa(const std::string& impl, const torch::Device& device);
 // [batch, heads, seq, head_dim]; key/value head j serves query heads j*r .. j*r+r-1 with
 // r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv).
 // eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax, dropout, weighted sum of
-// values, o_proj — the reference path. float32 scores when autocast is off; under bf16 autocast
-// the scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask
+// values, o_proj. On the CPU, calls without a KV cache whose q/k/v are bf16 (autocast) or
+// float32 run cpu_attention (cpu_attention.h) where cpu_attention_available(q's dtype) and
+// cpu_attention_applies() say so: the same attention in one pass per head and the same dropout
+// mask (bf16: float32 scores and gradients of the probabilities; float32: the unfused path's
+// values to float32 rounding, docs/precision.md). Otherwise the unfused path: float32 scores
+// when autocast is off, as the PyTorch reference computes them; under bf16 autocast the
+// scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask
 // added as a bias of 0 / -1e9, which gives masked_fill's values; the softmax kernels accumulate
-// in float32 and round once). Under bf16 autocast on a CPU where oneMKL's bf16 GEMM is in use
-// (cpu_attention_bf16_available()), calls without a KV cache run cpu_attention_bf16 instead
-// (cpu_attention.h): the same attention in one pass per head, with float32 scores and
-// gradients of the probabilities, and the same dropout mask.
+// in float32 and round once).
 // sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
 // causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
 // rows behave as in eager). Agrees with eager to float rounding; its dropout draws other

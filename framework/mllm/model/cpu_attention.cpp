@@ -456,7 +456,8 @@ struct CpuAttentionFunction : public torch::autograd::Function<CpuAttentionFunct
     const int64_t t = pb.seq, keys = pb.keys, hd = pb.head_dim, group = pb.heads / pb.kv_heads;
     // dq, dk and dv side by side in one [batch, seq, heads + 2 kv_heads, head_dim] buffer (where
     // keys == seq), in the order of q/k/v as mllm::linears splits them: the Q/K/V product's
-    // backward then reads them as one matrix without concatenating them (bf16_linear.cpp).
+    // backward then reads them as one matrix without concatenating them (bf16_linear.cpp,
+    // f32_linear.cpp).
     torch::Tensor dq, dk, dv;
     if (keys == t) {
       const torch::Tensor dqkv =

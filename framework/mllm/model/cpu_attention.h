@@ -30,8 +30,9 @@ namespace mllm {
 
 // Whether cpu_attention runs here for q/k/v of `dtype`: bf16 where oneMKL's bf16 GEMM is in use
 // (mkl_gemm_bf16bf16f32(), bf16_linear.h: a CPU with AMX-BF16, or avx512_bf16 with
-// MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten); float32 where LibTorch's
-// libtorch_cpu.so exports oneMKL's sgemm_ (the x86-64 wheels); no other dtype.
+// MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten); float32 where an sgemm_
+// is found through libtorch_cpu.so (oneMKL's in the x86-64 wheels; mkl_gemm.h); no other
+// dtype.
 bool cpu_attention_available(torch::ScalarType dtype);
 
 // Whether these tensors can take it: q [batch, seq, heads, head_dim], k and v [batch, keys,

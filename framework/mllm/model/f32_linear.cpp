@@ -70,11 +70,14 @@ class F32Linear : public torch::autograd::Function<F32Linear> {
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["bias"] = bias.has_value();
     ctx->saved_data["relu"] = relu;
-    ctx->save_for_backward(relu ? torch::autograd::variable_list{x2d, weight, y}
-                                : torch::autograd::variable_list{x2d, weight});
     // A plain tensor, not a view of y: a view made inside a custom Function could not be
-    // modified in place.
-    return at::_unsafe_view(y, shape_with_last(x, weight.size(0)));
+    // modified in place. With ReLU that very tensor is saved (autograd then sees it as this
+    // node's output, whose in-place change makes the backward throw); y itself would have a
+    // version counter of its own.
+    torch::Tensor out = at::_unsafe_view(y, shape_with_last(x, weight.size(0)));
+    ctx->save_for_backward(relu ? torch::autograd::variable_list{x2d, weight, out}
+                                : torch::autograd::variable_list{x2d, weight});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -84,7 +87,8 @@ class F32Linear : public torch::autograd::Function<F32Linear> {
     const torch::Tensor& w = saved[1];
     torch::Tensor g = grad_out[0].reshape({x2d.size(0), w.size(0)});
     // ReLU's gradient: zero where the output is <= 0 (PyTorch's relu backward, threshold 0).
-    if (ctx->saved_data["relu"].toBool()) g = at::threshold_backward(g, saved[2], 0);
+    if (ctx->saved_data["relu"].toBool())
+      g = at::threshold_backward(g, saved[2].reshape({x2d.size(0), w.size(0)}), 0);
     const std::vector<int64_t> x_shape = ctx->saved_data["x_shape"].toIntVector();
     // (needs_input_grad counts the tensor arguments given: the bias is the third when present.)
     auto grads = linear_grads(g, x2d, w, x_shape, ctx->needs_input_grad(0),
@@ -212,6 +216,7 @@ std::vector<torch::Tensor> f32_linears(const torch::Tensor& x,
 }
 
 torch::Tensor side_by_side(const std::vector<torch::Tensor>& parts) {
+  MLLM_CHECK(!parts.empty(), "side_by_side: no parts");
   const torch::Tensor& first = parts.front();
   const int64_t rows = first.size(0);
   int64_t cols = 0;

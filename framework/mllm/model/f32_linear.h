@@ -25,7 +25,9 @@ bool f32_cpu_linear(const torch::Tensor& x, const torch::Tensor& weight);
 
 // y = x @ weight^T + bias, or max(0, y) with `relu`: x [..., in] float32, weight [out, in]
 // float32, bias [out] float32 or undefined -> [..., out] float32 (a plain tensor). The same
-// values as torch::linear (and torch::relu of it) bit for bit. Differentiable in x, weight and
+// values as torch::linear (and torch::relu of it) bit for bit where torch::linear is one addmm
+// (a 2-D or contiguous x; for a strided 3-D x it is matmul and add_, which may round
+// differently). Differentiable in x, weight and
 // bias: dx = g weight, dweight = g^T x, dbias = the sum of g's rows (AddmmBackward's products;
 // ReLU's gradient as threshold_backward(g, y, 0)). With `relu` the output is saved for the
 // backward: modifying it in place makes the backward throw (autograd's version check). Outside
@@ -40,15 +42,17 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // autograd forbids it for views made in a custom Function). Backward: the outputs' gradients
 // side by side (in place where they already lie so, else concatenated; zeros for an output no
 // loss reads), one input-gradient product, one weight-gradient product and one bias sum, split
-// back to the layers. Outside grad mode, or when nothing requires grad, the forward pass alone. Throws mllm::Error unless f32_cpu_linear(x, weights[i]) for every i,
-// the in-features agree and there is one bias [out_i] per weight or none.
+// back to the layers. Outside grad mode, or when nothing requires grad, the forward pass alone.
+// Throws mllm::Error unless f32_cpu_linear(x, weights[i]) for every i, the in-features agree
+// and there is one bias [out_i] per weight or none.
 std::vector<torch::Tensor> f32_linears(const torch::Tensor& x,
                                        const std::vector<torch::Tensor>& weights,
                                        const std::vector<torch::Tensor>& biases);
 
-// parts [rows, out_i] of one dtype -> [rows, sum out_i], part i in its columns: a view of their
-// buffer where they already lie side by side in it, in order, with one row stride, else their
-// concatenation (at::cat). Used by the backward passes of f32_linears and bf16_autocast_linears.
+// parts (at least one) [rows, out_i], 2-D, of one dtype -> [rows, sum out_i], part i in its
+// columns: a view of their buffer where they already lie side by side in it, in order, with one
+// row stride, else their concatenation (at::cat). Used by the backward passes of f32_linears
+// and bf16_autocast_linears. Throws mllm::Error for no parts.
 torch::Tensor side_by_side(const std::vector<torch::Tensor>& parts);
 
 }  // namespace mllm

@@ -215,10 +215,10 @@ void add_bias_softmax_stats_rows_f32(float* __restrict x, const float* __restric
 // row_max_and_sum gives them for x + bias), *target_logit (x + bias at the target) and the row
 // overwritten with the gradient of the summed loss for an upstream gradient of 1:
 // exp(x - m) * (valid / sum), minus valid at the target ((softmax - one-hot) on a real row, 0
-// on a pad row); colsum [vocab], when non-null, += that gradient (the bias gradient's column
-// sums; the target's column takes its softmax term, then -valid). Four passes over the row
-// while it is in the L1 cache: the bias and the maximum, exp(x - m) stored and summed, scaled,
-// and the target. Compiled as lse_rows_bf16.
+// on a pad row); colsum [vocab], when non-null, += that gradient, element for element the
+// values the row keeps (the bias gradient's column sums). Three passes over the row while it is
+// in the cache (L1 up to a vocabulary of ~8K float32 logits, else L2): the bias and the
+// maximum, exp(x - m) stored and summed, scaled. Compiled as lse_rows_bf16.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
@@ -261,6 +261,7 @@ void head_grad_row_f32(float* __restrict row, const float* __restrict bias, int6
   *mx = m;
   *sum = s;
   const float f = valid / s;
+  const float target_colsum = colsum != nullptr ? colsum[target] : 0.0f;
   if (colsum == nullptr) {
     for (int64_t k = 0; k < vend; k += kLanes) store(row + k, load<Floats>(row + k) * f);
     for (int64_t k = vend; k < vocab; ++k) row[k] *= f;
@@ -274,9 +275,9 @@ void head_grad_row_f32(float* __restrict row, const float* __restrict bias, int6
       row[k] *= f;
       colsum[k] += row[k];
     }
-    colsum[target] -= valid;
   }
   row[target] -= valid;
+  if (colsum != nullptr) colsum[target] = target_colsum + row[target];
 }
 
 // Rows per parallel chunk: about 64 K logits.
@@ -482,11 +483,11 @@ struct HeadLoss {
 // undefined, targets [rows] int64 contiguous (ids checked) on the CPU -> HeadLoss, chunk by chunk
 // of head_chunk_rows rows: logits = x_c weight^T into one reused buffer; then row by row the
 // bias added in the pass that takes the row's maximum and sum of exp
-// (add_bias_softmax_stats_rows_f32; as addmm, one rounding of product + bias), its target logit
-// and, for gradients, the row turned into (softmax - one-hot) in place while it is in cache
-// (head_grad_row_f32, which also sums the columns for db); then dx_c = g_c weight and
-// dw += g_c^T x_c. The loss is the unfused path's formula over the
-// same per-row values: sum over real rows of log(sum) + max - x[target].
+// (as addmm, one rounding of product + bias), its target logit and, for gradients, the row
+// turned into (softmax - one-hot) in place while it is in cache (head_grad_row_f32, which also
+// sums the columns for db; without gradients add_bias_softmax_stats_rows_f32 or
+// softmax_stats_rows_f32); then dx_c = g_c weight and dw += g_c^T x_c. The loss is the unfused
+// path's formula over the same per-row values: sum over real rows of log(sum) + max - x[target].
 HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, const torch::Tensor& targets, bool want_dx,
                           bool want_dw, bool want_db) {
@@ -508,7 +509,7 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
   // thread of a 2-vCPU Xeon). The input gradient's products take ATen's mm (packed, its B =
   // weight was slower there).
   std::optional<MklPackedB> packed_wt;
-  if (rows >= step && step > 1 && MklPackedB::available() && step <= INT_MAX &&
+  if (rows > step && step > 1 && MklPackedB::available() && step <= INT_MAX &&
       vocab <= INT_MAX && d <= INT_MAX)
     packed_wt.emplace(/*trans_b=*/true, static_cast<int>(step), static_cast<int>(vocab),
                       static_cast<int>(d), weight.const_data_ptr<float>(), static_cast<int>(d));
@@ -518,8 +519,13 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
   const float* bp = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   const int64_t* tp = targets.const_data_ptr<int64_t>();
   const int64_t grain = grain_rows(vocab);
-  // Rows per block of the bias gradient's partial sums ([blocks, vocab] float32 scratch).
-  const int64_t db_rows = std::max<int64_t>(grain, 32);
+  // Rows per block of the bias gradient's partial sums ([blocks, vocab] float32 scratch): 32,
+  // or grain_rows when larger (a small vocabulary), and on more threads at most a quarter of a
+  // thread's share of a chunk, so that a large vocabulary's few-row chunks still split (vocab
+  // 50,257 on two threads: 83-row chunks, 11-row blocks).
+  const int64_t threads = at::get_num_threads();
+  int64_t db_rows = std::max<int64_t>(grain, 32);
+  if (threads > 1) db_rows = std::min(db_rows, std::max<int64_t>(1, step / (4 * threads)));
   torch::Tensor partial;
   if (want_db) partial = torch::empty({(step + db_rows - 1) / db_rows, vocab}, opts);
   for (int64_t start = 0; start < rows; start += step) {
@@ -556,7 +562,8 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
                        [&](int64_t begin, int64_t end) { row_pass(begin, end, nullptr); });
     } else {
       // The bias gradient from the same pass: block i's rows summed into partial row i, then
-      // the blocks added in order (blocks of a fixed size: the same bits at any thread count).
+      // the blocks added in order (the same bits however the blocks are shared among the
+      // threads; the block and chunk sizes themselves depend on the thread count).
       const int64_t blocks = (n + db_rows - 1) / db_rows;
       float* pp = partial.data_ptr<float>();
       at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {

@@ -37,7 +37,8 @@ const Symbols& symbols() {
     void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
     if (torch_cpu == nullptr) return r;
     r.sgemm = reinterpret_cast<SgemmFortran>(::dlsym(torch_cpu, "sgemm_"));
-    r.pack_get_size = reinterpret_cast<PackGetSize>(::dlsym(torch_cpu, "cblas_sgemm_pack_get_size"));
+    r.pack_get_size =
+        reinterpret_cast<PackGetSize>(::dlsym(torch_cpu, "cblas_sgemm_pack_get_size"));
     r.pack = reinterpret_cast<Pack>(::dlsym(torch_cpu, "cblas_sgemm_pack"));
     r.compute = reinterpret_cast<Compute>(::dlsym(torch_cpu, "cblas_sgemm_compute"));
     return r;

@@ -164,8 +164,8 @@ void register_builtin_models();
 // weight that requires grad) on a CPU where bf16_weight_grad_uses_mkl() goes through
 // bf16_autocast_linear (bf16_linear.h): the same forward values, the weight gradient computed in
 // float32 by oneMKL. float32 on the CPU outside autocast goes through f32_linear (f32_linear.h):
-// the same values bit for bit without addmm's broadcast copy of the bias. Same errors as
-// torch::linear.
+// the same values bit for bit without addmm's broadcast copy of the bias. Errors: as
+// torch::linear's (c10::Error), or mllm::Error for mismatched shapes on the float32 CPU path.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
@@ -194,7 +194,8 @@ torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x
 // are then views of one tensor and must not be modified in place. Likewise on the float32 CPU
 // path outside autocast (f32_linears: one float32 product over the concatenated weights, in
 // grad mode and out of it; its values are the separate layers' up to float32 rounding, as a
-// product over more columns may block its sums differently). Same errors as torch::linear.
+// product over more columns may block its sums differently). Errors: as torch::linear's
+// (c10::Error), or mllm::Error for mismatched shapes on the float32 CPU path.
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
                                    const torch::Tensor& x);
 

@@ -881,6 +881,17 @@ TEST(Linear, Float32LinearEqualsTorchLinearAndGradientsAgainstFloat64) {
       }
     }
   }
+  // With ReLU the output is saved for the backward: changing it in place makes the backward
+  // throw (autograd's version check) rather than use the changed values.
+  {
+    torch::nn::Linear layer(8, 4);
+    auto y = linear_relu(layer, torch::randn({3, 8}, torch::requires_grad()));
+    y.mul_(2);
+    EXPECT_ANY_THROW(y.sum().backward());
+    auto z = linear(layer, torch::randn({3, 8}, torch::requires_grad()));
+    z.mul_(2);  // no ReLU: nothing of the output is saved, and in place is fine
+    EXPECT_NO_THROW(z.sum().backward());
+  }
   // Errors: a bf16 x, in-features that differ from the weight's, a bias of the wrong size.
   const auto w = torch::randn({4, 8});
   EXPECT_THROW(f32_linear(torch::randn({2, 8}).to(torch::kBFloat16), w, {}), Error);
@@ -1072,7 +1083,8 @@ TEST(AttentionImpl, Bf16MaskBiasEqualsMaskedFill) {
 // grouped key/value heads. The values of that path are checked by
 // Linear.FusedLinearsReadAdjacentGradientsWithoutCopy and the CpuAttention tests.
 TEST(AttentionImpl, FusedBf16BackwardCopiesNoQkvGradients) {
-  if (!cpu_attention_available(torch::kBFloat16)) GTEST_SKIP() << "no fused CPU bf16 attention here";
+  if (!cpu_attention_available(torch::kBFloat16))
+    GTEST_SKIP() << "no fused CPU bf16 attention here";
   for (const int64_t kvh : {4, 2}) {
     torch::manual_seed(8);
     AttentionOptions o;
