@@ -92,9 +92,12 @@ assert "step 2" not in names and "step 5" not in names, sorted(names)
 assert any(re.fullmatch(r"bucket \d+ all-reduce", n) for n in names), sorted(names)
 assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in ops), "no matmul op"
 # profile.record_shapes: a projection's addmm has tiny.yaml's shapes (micro-batch 2 x seq 32 =
-# 64 tokens, d_model 32: bias [32], input [64, 32], weight^T [32, 32]), float32.
+# 64 tokens, d_model 32: input [64, 32], weight^T [32, 32]), float32; its first input is the
+# output already holding the bias rows, [64, 32] (mllm's float32 CPU linear, f32_linear.h), or
+# the bias [32] (ATen's linear).
 proj = [e for e in ops if e["name"] == "aten::addmm" and
-        e.get("args", {}).get("Input Dims", [])[:3] == [[32], [64, 32], [32, 32]]]
+        e.get("args", {}).get("Input Dims", [])[:3] in ([[64, 32], [64, 32], [32, 32]],
+                                                         [[32], [64, 32], [32, 32]])]
 assert proj, "no aten::addmm with a projection's input shapes: " + str(
     [e.get("args", {}).get("Input Dims") for e in ops if e["name"] == "aten::addmm"][:4])
 assert proj[0]["args"]["Input type"][:3] == ["float", "float", "float"], proj[0]["args"]
