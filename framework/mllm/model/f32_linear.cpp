@@ -110,7 +110,12 @@ class F32Linears : public torch::autograd::Function<F32Linears> {
     if (!biases.empty()) b = at::cat(biases);
     std::vector<int64_t> outs;
     for (const auto& wi : weights) outs.push_back(wi.size(0));
-    ctx->save_for_backward({x2d, w});
+    // The weights themselves are saved, not their concatenation (made again in the backward):
+    // a saved parameter is what torch::linear keeps too, so ZeRO stage 3 can free and gather it
+    // as usual instead of a full copy living until the backward.
+    torch::autograd::variable_list keep{x2d};
+    for (const auto& wi : weights) keep.push_back(wi);
+    ctx->save_for_backward(keep);
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["outs"] = outs;
     ctx->saved_data["bias"] = !biases.empty();
@@ -122,7 +127,7 @@ class F32Linears : public torch::autograd::Function<F32Linears> {
                                                  torch::autograd::variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x2d = saved[0];
-    const torch::Tensor& w = saved[1];
+    const torch::Tensor w = at::cat(at::TensorList(saved).slice(1));  // [sum out_i, in]
     const std::vector<int64_t> outs = ctx->saved_data["outs"].toIntVector();
     const std::vector<int64_t> x_shape = ctx->saved_data["x_shape"].toIntVector();
     const auto n = outs.size();
