@@ -188,43 +188,24 @@ void ce_grad_rows_f32(const float* __restrict x, const float* __restrict mx,
   }
 }
 
-// Rows rb..re-1 of x [rows, vocab] float32 (the head's products without the bias) -> x + bias
-// in place (bias [vocab] float32), then mx and sum as softmax_stats_rows_f32: the bias added in
-// the pass that finds the row's maximum, while the row is in cache, instead of a copy of the
-// bias into every row before the product. Compiled as lse_rows_bf16.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void add_bias_softmax_stats_rows_f32(float* __restrict x, const float* __restrict bias,
-                                     int64_t rb, int64_t re, int64_t vocab, float* __restrict mx,
-                                     float* __restrict sum) {
-  using namespace vec16;  // NOLINT(build/namespaces)
-  const int64_t vend = vocab / kLanes * kLanes;
-  for (int64_t r = rb; r < re; ++r) {
-    float* row = x + r * vocab;
-    for (int64_t k = 0; k < vend; k += kLanes)
-      store(row + k, load<Floats>(row + k) + load<Floats>(bias + k));
-    for (int64_t k = vend; k < vocab; ++k) row[k] += bias[k];
-    row_max_and_sum(row, vocab, mx[r], sum[r]);
-  }
-}
-
-// One row of the fused head when gradients are wanted (head_loss_chunks): row [vocab] float32,
-// the head's product without the bias, bias [vocab] or null, the row's target id, and valid (1
-// for a real target, 0 for a pad) -> *mx, *sum (the row's maximum m and sum of exp(x - m), as
-// row_max_and_sum gives them for x + bias), *target_logit (x + bias at the target) and the row
+// One row of the fused head (head_loss_chunks): row [vocab] float32, the head's product without
+// the bias, bias [vocab] or null, the row's target id, and valid (1 for a real target, 0 for a
+// pad) -> *mx, *sum (the row's maximum m and sum of exp(x - m), as row_max_and_sum gives them
+// for x + bias; the bias added in the pass that finds the maximum, as addmm adds it: one
+// rounding of product + bias), *target_logit (x + bias at the target) and, with `grad`, the row
 // overwritten with the gradient of the summed loss for an upstream gradient of 1:
 // exp(x - m) * (valid / sum), minus valid at the target ((softmax - one-hot) on a real row, 0
 // on a pad row); colsum [vocab], when non-null, += that gradient, element for element the
-// values the row keeps (the bias gradient's column sums). Three passes over the row while it is
+// values the row keeps (the bias gradient's column sums); without `grad` the row is left
+// holding exp(x - m). Three passes over the row while it is
 // in the cache (L1 up to a vocabulary of ~8K float32 logits, else L2): the bias and the
 // maximum, exp(x - m) stored and summed, scaled. Compiled as lse_rows_bf16.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-void head_grad_row_f32(float* __restrict row, const float* __restrict bias, int64_t vocab,
-                       int64_t target, float valid, float* __restrict mx, float* __restrict sum,
-                       float* __restrict target_logit, float* __restrict colsum) {
+void head_row_f32(float* __restrict row, const float* __restrict bias, int64_t vocab,
+                  int64_t target, float valid, float* __restrict mx, float* __restrict sum,
+                  float* __restrict target_logit, bool grad, float* __restrict colsum) {
   using namespace vec16;  // NOLINT(build/namespaces)
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t vend = vocab / kLanes * kLanes;
@@ -260,6 +241,7 @@ void head_grad_row_f32(float* __restrict row, const float* __restrict bias, int6
   }
   *mx = m;
   *sum = s;
+  if (!grad) return;
   const float f = valid / s;
   const float target_colsum = colsum != nullptr ? colsum[target] : 0.0f;
   if (colsum == nullptr) {
@@ -484,9 +466,8 @@ struct HeadLoss {
 // of head_chunk_rows rows: logits = x_c weight^T into one reused buffer; then row by row the
 // bias added in the pass that takes the row's maximum and sum of exp
 // (as addmm, one rounding of product + bias), its target logit and, for gradients, the row
-// turned into (softmax - one-hot) in place while it is in cache (head_grad_row_f32, which also
-// sums the columns for db; without gradients add_bias_softmax_stats_rows_f32 or
-// softmax_stats_rows_f32); then dx_c = g_c weight and dw += g_c^T x_c. The loss is the unfused
+// turned into (softmax - one-hot) in place while it is in cache (head_row_f32, which also sums
+// the columns for db); then dx_c = g_c weight and dw += g_c^T x_c. The loss is the unfused
 // path's formula over the same per-row values: sum over real rows of log(sum) + max - x[target].
 HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, const torch::Tensor& targets, bool want_dx,
@@ -540,21 +521,13 @@ HeadLoss head_loss_chunks(const torch::Tensor& x, const torch::Tensor& weight,
     float* lp = lc.data_ptr<float>();
     // Rows r0..r1-1 of the chunk: the bias, the row's maximum and sum of exp, its target logit
     // and, for gradients, the row turned into its gradient (into colsum's column sums) while it
-    // is still in the L1/L2 cache, row by row (head_grad_row_f32).
+    // is still in the L1/L2 cache, row by row (head_row_f32).
     const bool grads = want_dx || want_dw || want_db;
     auto row_pass = [&](int64_t r0, int64_t r1, float* colsum) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = start + r;
-        if (grads) {
-          head_grad_row_f32(lp + r * vocab, bp, vocab, tp[i], vp[i], mp + i, sp + i, tlp + i,
-                            colsum);
-          continue;
-        }
-        if (bp != nullptr)
-          add_bias_softmax_stats_rows_f32(lp, bp, r, r + 1, vocab, mp + start, sp + start);
-        else
-          softmax_stats_rows_f32(lp, r, r + 1, vocab, mp + start, sp + start);
-        tlp[i] = lp[r * vocab + tp[i]];
+        head_row_f32(lp + r * vocab, bp, vocab, tp[i], vp[i], mp + i, sp + i, tlp + i, grads,
+                     colsum);
       }
     };
     if (!want_db) {

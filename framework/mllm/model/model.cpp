@@ -154,22 +154,20 @@ torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
 
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
                                    const torch::Tensor& x) {
-  bool fused = !layers.empty();
+  // One product takes them when every layer has a bias or none, all have one in-features and
+  // all are on the same fused path (bf16 training, or float32 on the CPU).
+  bool uniform = !layers.empty(), bf16 = uniform, f32 = uniform;
   std::vector<torch::Tensor> weights, biases;
   for (const auto& layer : layers) {
-    fused = fused && bf16_training_linear(layer, x) &&
-            layer->bias.defined() == layers[0]->bias.defined() &&
-            layer->weight.size(1) == layers[0]->weight.size(1);
+    uniform = uniform && layer->bias.defined() == layers[0]->bias.defined() &&
+              layer->weight.size(1) == layers[0]->weight.size(1);
+    bf16 = bf16 && bf16_training_linear(layer, x);
+    f32 = f32 && f32_cpu_linear(x, layer->weight);
     weights.push_back(layer->weight);
     if (layer->bias.defined()) biases.push_back(layer->bias);
   }
-  if (fused) return bf16_autocast_linears(x, weights, biases);
-  bool f32 = !layers.empty();
-  for (const auto& layer : layers)
-    f32 = f32 && f32_cpu_linear(x, layer->weight) &&
-          layer->bias.defined() == layers[0]->bias.defined() &&
-          layer->weight.size(1) == layers[0]->weight.size(1);
-  if (f32) return f32_linears(x, weights, biases);
+  if (uniform && bf16) return bf16_autocast_linears(x, weights, biases);
+  if (uniform && f32) return f32_linears(x, weights, biases);
   std::vector<torch::Tensor> out;
   for (const auto& layer : layers) out.push_back(linear(layer, x));
   return out;
