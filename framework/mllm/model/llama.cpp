@@ -121,12 +121,14 @@ Llama::Llama(const LlamaOptions& o)
 
 // Under bf16 autocast the logits are bf16: lm_loss_sum works on them in float32.
 torch::Tensor Llama::forward(const torch::Tensor& tokens) {
-  const torch::Tensor x = hidden(tokens, nullptr);
-  return options_.tie_embeddings ? torch::linear(x, tok_emb->weight) : linear(lm_head, x);
+  return logits(hidden(tokens, nullptr));
 }
 
 torch::Tensor Llama::forward_cached(const torch::Tensor& tokens, KVCache& cache) {
-  const torch::Tensor x = hidden(tokens, &cache);
+  return logits(hidden(tokens, &cache));
+}
+
+torch::Tensor Llama::logits(const torch::Tensor& x) {
   return options_.tie_embeddings ? torch::linear(x, tok_emb->weight) : linear(lm_head, x);
 }
 

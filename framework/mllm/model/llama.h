@@ -116,6 +116,9 @@ class Llama : public LanguageModel {
   // tokens [batch, seq] -> the hidden states the head reads [batch, seq, d_model]; with a
   // cache, at positions cache->length.. (which it then advances by seq).
   torch::Tensor hidden(const torch::Tensor& tokens, KVCache* cache);
+  // hidden states [batch, seq, d_model] -> logits [batch, seq, vocab]: the tied embedding's
+  // weight (torch::linear) or lm_head (mllm::linear).
+  torch::Tensor logits(const torch::Tensor& x);
 
   LlamaOptions options_;
   std::shared_ptr<Rotary> rope_;  // submodule "rope" (buffers only, not in checkpoints)
