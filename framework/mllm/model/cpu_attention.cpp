@@ -93,24 +93,6 @@ void block_ends(const int32_t* limit, int64_t rows, int64_t keys, int32_t* ends)
   }
 }
 
-// mllm::dropout's keep bits (dropout_bits.h) of the 16 elements 2j .. 2j + 15 (the pairs j ..
-// j + 7: dropout_bits::pair_bits on 8 lanes, the even element's field then the odd one's) as
-// 16 lanes, -1 where the element is kept (its field >= threshold), else 0.
-typedef uint64_t Longs8 __attribute__((vector_size(8 * 8)));
-typedef uint32_t Uints8 __attribute__((vector_size(8 * 4)));
-[[gnu::always_inline]] inline Ints keep16(uint64_t seed, int64_t j, uint32_t threshold) {
-  const Longs8 i = Longs8{1, 2, 3, 4, 5, 6, 7, 8} + static_cast<uint64_t>(j);  // pair index + 1
-  Longs8 z = seed + i * 0x9E3779B97F4A7C15ull;                               // dropout_bits::mix
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z = z ^ (z >> 31);
-  const Uints8 even = __builtin_convertvector(z >> 40, Uints8);
-  const Uints8 odd = __builtin_convertvector((z >> 16) & 0xFFFFFFull, Uints8);
-  const Uints bits = __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
-                                             14, 7, 15);
-  return bits >= threshold;
-}
-
 // One head's rows of the forward pass. s [rows, keys] float32 scores (overwritten; only the
 // first row_end(limit[r]) keys of row r are read), bias [rows, keys] the mask as 0 / -inf,
 // limit [rows] its row_limits -> y [rows, keys] = the softmax over the unmasked keys, in E's

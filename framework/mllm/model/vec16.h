@@ -1,11 +1,11 @@
 // 16 float32 lanes as GCC's vector extension types (also Clang's), for the row passes of
-// mllm's CPU kernels (cpu_attention.cpp, loss.cpp): one AVX-512 register, two AVX2 ones, four
-// SSE ones — the compiler lowers the operations to each target_clones version of the function
-// that uses them. They serve where GCC's loop vectorizer leaves a plain loop scalar (selects,
-// maxima, a polynomial inside a reduction). Internal, for .cpp files only: the helpers are
-// always inlined, so no vector crosses a call; GCC's -Wpsabi note on the baseline clone of such
-// a function (which a pragma does not silence) is turned off with -Wno-psabi for each file that
-// includes this header (framework/CMakeLists.txt).
+// mllm's CPU kernels (cpu_attention.cpp, loss.cpp, layer_norm.cpp): one AVX-512 register, two
+// AVX2 ones, four SSE ones — the compiler lowers the operations to each target_clones version of
+// the function that uses them. They serve where GCC's loop vectorizer leaves a plain loop scalar
+// (selects, maxima, a polynomial inside a reduction). Internal, for .cpp files only: the helpers
+// are always inlined, so no vector crosses a call; GCC's -Wpsabi note on the baseline clone of
+// such a function (which a pragma does not silence) is turned off with -Wno-psabi for each file
+// that includes this header (framework/CMakeLists.txt).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +64,25 @@ template <typename V, typename T>
 }
 [[gnu::always_inline]] inline Floats from_bf16(Halves h) {
   return reinterpret_cast<Floats>(__builtin_convertvector(h, Uints) << 16);
+}
+
+// mllm::dropout's keep bits (dropout_bits.h, the same SplitMix64 constants) of the 16 elements
+// 2j .. 2j + 15 (the pairs j .. j + 7: dropout_bits::pair_bits on 8 lanes, the even element's
+// field then the odd one's) as 16 lanes, -1 where the element is kept (its field >= threshold),
+// else 0.
+typedef uint64_t Longs8 __attribute__((vector_size(8 * 8)));
+typedef uint32_t Uints8 __attribute__((vector_size(8 * 4)));
+[[gnu::always_inline]] inline Ints keep16(uint64_t seed, int64_t j, uint32_t threshold) {
+  const Longs8 i = Longs8{1, 2, 3, 4, 5, 6, 7, 8} + static_cast<uint64_t>(j);  // pair index + 1
+  Longs8 z = seed + i * 0x9E3779B97F4A7C15ull;                               // dropout_bits::mix
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z = z ^ (z >> 31);
+  const Uints8 even = __builtin_convertvector(z >> 40, Uints8);
+  const Uints8 odd = __builtin_convertvector((z >> 16) & 0xFFFFFFull, Uints8);
+  const Uints bits = __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
+                                             14, 7, 15);
+  return bits >= threshold;
 }
 
 }  // namespace mllm::vec16
