@@ -26,9 +26,16 @@ done
 latest=$(cat "$OUT/checkpoints/latest"); last=$((10#${latest#step_}))
 [ "$last" -eq $((bad - 1)) ] || fail "latest is $latest, expected the step before $bad"
 # The same when the diverged step is the last one (evaluated, then saved at the end of the run).
+# With a constant lr (warmup, then no decay that depends on max_steps) a run that ends at the
+# diverged step is the same run up to it: find that step, then end a run there.
+run_expect 1 "$WORK/const.log" 1 "$WORK/const" optim.lr=1e6 optim.grad_clip=0 \
+  checkpoint.every_steps=1 eval.every_steps=1 schedule.type=constant
+bad2=$(grep -oE "(val loss is nan at step|gradient norm [^ ]+ at step) [0-9]+" "$WORK/const.log" |
+  grep -oE "[0-9]+$") || { tail -3 "$WORK/const.log"; fail "the divergence error names no step"; }
 run_expect 1 "$WORK/div2.log" 1 "$WORK/div2" optim.lr=1e6 optim.grad_clip=0 checkpoint.every_steps=1 \
-  eval.every_steps=1 "train.max_steps=$bad"
-[ "$(cat "$WORK/div2/checkpoints/latest")" = "$(printf 'step_%06d' $((bad - 1)))" ] ||
+  eval.every_steps=1 schedule.type=constant "train.max_steps=$bad2"
+grep -q "at step $bad2" "$WORK/div2.log" || fail "the run ending at step $bad2 did not stop there"
+[ "$(cat "$WORK/div2/checkpoints/latest")" = "$(printf 'step_%06d' $((bad2 - 1)))" ] ||
   fail "the diverged last step became latest"
 # Rewind and lower the lr (and clip again): allowed, warned, recorded, and the new lr is used.
 run_expect 0 "$WORK/res.log" 1 "$OUT" optim.lr=1e-3 optim.grad_clip=1.0

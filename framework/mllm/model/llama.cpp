@@ -4,6 +4,7 @@
 #include <string>
 
 #include "mllm/core/error.h"
+#include "mllm/model/norm.h"
 
 namespace mllm {
 
@@ -55,11 +56,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  auto xf = x.to(torch::kFloat);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return normed.to(x.scalar_type()) * weight;
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
 
 SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden) {
   namespace nn = torch::nn;

@@ -45,7 +45,8 @@ struct LlamaOptions {
 
 namespace detail {
 // y = x / sqrt(mean(x^2) + eps) * weight, normalised in float32 then cast back to x's dtype
-// before the weight (Zhang & Sennrich 2019; as Meta's RMSNorm). Parameter: weight [dim].
+// before the weight (Zhang & Sennrich 2019; as Meta's RMSNorm); mllm::rms_norm (norm.h: one
+// pass per row in CPU float32). Parameter: weight [dim].
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);

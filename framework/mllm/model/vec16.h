@@ -1,5 +1,5 @@
 // 16 float32 lanes as GCC's vector extension types (also Clang's), for the row passes of
-// mllm's CPU kernels (cpu_attention.cpp, loss.cpp, layer_norm.cpp): one AVX-512 register, two
+// mllm's CPU kernels (cpu_attention.cpp, loss.cpp, norm.cpp): one AVX-512 register, two
 // AVX2 ones, four SSE ones — the compiler lowers the operations to each target_clones version of
 // the function that uses them. They serve where GCC's loop vectorizer leaves a plain loop scalar
 // (selects, maxima, a polynomial inside a reduction). Internal, for .cpp files only: the helpers

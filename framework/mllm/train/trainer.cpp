@@ -1041,10 +1041,13 @@ EvalMetrics Trainer::evaluate() {
   if (std::isfinite(e.val_loss) && (!best_eval_ || e.val_loss < best_eval_->val_loss)) best_eval_ = e;
   // The same value on every rank: all stop here, before the checkpoint callback saves weights
   // that no longer produce finite losses.
-  if (!std::isfinite(e.val_loss))
+  // (A NaN's sign bit depends on the kernels that made it: "nan" either way.)
+  if (!std::isfinite(e.val_loss)) {
+    const std::string value = std::isnan(e.val_loss) ? "nan" : fmt::format("{}", e.val_loss);
     throw Error(fmt::format("val loss is {} at step {}: the weights have diverged; this step is "
                             "not saved. Lower optim.lr (it may change on resume) and resume "
-                            "from the last checkpoint", e.val_loss, e.step));
+                            "from the last checkpoint", value, e.step));
+  }
   for (auto& cb : callbacks_) cb->on_eval_end(*this, e);
   return e;
 }

@@ -122,7 +122,10 @@ TEST_P(FamilyTest, KVCacheDecodingEqualsFullForward) {
   model->forward_cached(tokens.narrow(1, 0, 2), other);
   EXPECT_THROW(model->forward_cached(tokens.narrow(0, 0, 1).narrow(1, 2, 1), other), Error);
   cache.clear();
-  EXPECT_LE(max_abs_diff(model->forward_cached(tokens, cache), full), 1e-6);
+  // The whole sequence at once: within 2^-20 of the logits' largest magnitude (8 float32
+  // roundings; forward's fused attention and the cached path's unfused one round differently).
+  EXPECT_LE(max_abs_diff(model->forward_cached(tokens, cache), full),
+            std::ldexp(1.0, -20) * full.abs().max().item<double>());
 }
 
 TEST_P(FamilyTest, RejectsBadTokenTensors) {

@@ -1,9 +1,12 @@
-// A post-LN block's residual step, LayerNorm(x + Dropout(Sublayer(x))) (Vaswani et al. 2017,
-// "Attention Is All You Need", Sec. 3.1 and 5.4), on the CPU in float32 as one pass per row.
-// LibTorch runs it as three ops forward (the dropout, the add, layer_norm) and two backward
-// (layer_norm's backward, the dropout's), each a pass over the [rows, d_model] activations
-// with its own output; here the sum, its statistics and the normalized output are computed while
-// a row is in cache, and the backward writes both input gradients in one pass.
+// The normalizations of the model families on the CPU in float32, one pass per row:
+// - minillm's post-LN residual step, LayerNorm(x + Dropout(Sublayer(x))) (Vaswani et al. 2017,
+//   "Attention Is All You Need", Sec. 3.1 and 5.4). LibTorch runs it as three ops forward (the
+//   dropout, the add, layer_norm) and two backward (layer_norm's, the dropout's), each a pass
+//   over the [rows, d_model] activations with its own output; here the sum, its statistics and
+//   the normalized output are computed while a row is in cache, and the backward writes both
+//   input gradients in one pass.
+// - llama's RMSNorm, which LibTorch runs as five elementwise ops and a reduction forward and
+//   about twice as many backward.
 #pragma once
 
 #include <torch/torch.h>
@@ -43,5 +46,20 @@ torch::Tensor dropout_add_layer_norm(const torch::Tensor& residual, const torch:
 // norm(drop.add_to(residual, branch)), as LibTorch computes it.
 torch::Tensor dropout_add_layer_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                      DropoutImpl& drop, torch::nn::LayerNormImpl& norm);
+
+// RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"; as Meta's llama and
+// transformers' LlamaRMSNorm): y = (x * rstd) * weight, rstd = 1 / sqrt(mean(x^2) + eps) over
+// the last dimension, computed in float32. x [..., d], weight [d] -> [..., d]: the composition
+// x.to(float32) * rsqrt(mean(x^2) + eps), cast back to x's dtype, times weight.
+//
+// Fused when x and weight are float32 CPU tensors and d (a multiple of 16) is weight's length;
+// CPU autocast on or off (these ops run in float32 for float32 inputs either way); in grad mode
+// and out of it alike: one pass per row, the mean of squares in 16 lanes in a fixed order. Its
+// backward, from g = dL/dy and xhat = x * rstd: dx = rstd (g w - xhat mean(g w xhat)), d weight
+// = sum_rows g xhat, summed per block of 32 rows and the blocks added in order (the same bits at
+// any thread count). Agrees with the composition to float32 rounding, not bit for bit; the code
+// paths' bits as dropout_add_layer_norm's. Otherwise the composition. Differentiable in x and
+// weight. Throws mllm::Error unless weight is [d] for x [..., d].
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 }  // namespace mllm

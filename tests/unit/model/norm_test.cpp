@@ -1,15 +1,17 @@
-// mllm::dropout_add_layer_norm (model/layer_norm.h): the fused float32 CPU pass against the
-// same computation in float64 (forward and the four gradients), its random draws against
-// dropout_add's, thread-count independence, grad mode against no grad mode, and the LibTorch
-// composition where the fused pass does not apply.
+// mllm::dropout_add_layer_norm and mllm::rms_norm (model/norm.h): the fused float32 CPU passes
+// against the same computation in float64 (forward and every gradient), dropout's random draws
+// against dropout_add's, thread-count independence, grad mode against no grad mode, and the
+// LibTorch composition where a fused pass does not apply.
 #include <gtest/gtest.h>
+
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <vector>
 
 #include "mllm/core/error.h"
 #include "mllm/model/dropout.h"
-#include "mllm/model/layer_norm.h"
+#include "mllm/model/norm.h"
 
 namespace mllm {
 namespace {
@@ -178,6 +180,79 @@ TEST(DropoutAddLayerNorm, LibTorchCompositionWhereTheFusedPassDoesNotApply) {
   EXPECT_THROW(dropout_add_layer_norm(in32.res, in32.branch, 1.0, true, in32.weight, in32.bias,
                                       kEps),
                Error);
+}
+
+// RMSNorm against float64 (LibTorch's autograd of the composition): the output within 2^-19 and
+// dx, d weight within 2^-17 of their largest magnitude (the mean of d = 64 squares in 16 lanes);
+// d weight's row sums over 87 rows (3 blocks of 32, the last partial).
+TEST(RmsNorm, ForwardAndGradientsAgainstFloat64) {
+  torch::manual_seed(12);
+  const auto x0 = torch::randn({3, 29, 64}) * 2 + 0.5;
+  const auto w0 = 1 + 0.3 * torch::randn({64});
+  const auto g = torch::randn({3, 29, 64});
+  auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  auto y = rms_norm(x, w, kEps);
+  y.backward(g);
+  auto x64 = x0.to(torch::kDouble).requires_grad_(true);
+  auto w64 = w0.to(torch::kDouble).requires_grad_(true);
+  auto want = x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + kEps) * w64;
+  want.backward(g.to(torch::kDouble));
+  ASSERT_EQ(y.scalar_type(), torch::kFloat);
+  EXPECT_LE(max_abs(y.detach().to(torch::kDouble) - want.detach()),
+            std::ldexp(1.0, -19) * max_abs(want.detach()));
+  EXPECT_LE(max_abs(x.grad().to(torch::kDouble) - x64.grad()),
+            std::ldexp(1.0, -17) * max_abs(x64.grad()));
+  EXPECT_LE(max_abs(w.grad().to(torch::kDouble) - w64.grad()),
+            std::ldexp(1.0, -17) * max_abs(w64.grad()));
+}
+
+// The same bits at 1 and 2 threads, without grad mode, and under CPU bf16 autocast (a float32
+// input stays float32 there); only the gradients asked for (a frozen weight).
+TEST(RmsNorm, SameBitsAtAnyThreadCountWithoutGradModeAndUnderAutocast) {
+  torch::manual_seed(13);
+  const auto x0 = torch::randn({300, 48}), w0 = 1 + 0.3 * torch::randn({48});
+  const auto g = torch::randn({300, 48});
+  const auto run = [&](int threads) {
+    const int before = torch::get_num_threads();
+    torch::set_num_threads(threads);
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    auto y = rms_norm(x, w, kEps);
+    y.backward(g);
+    torch::set_num_threads(before);
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const auto one = run(1), many = run(std::max(2, torch::get_num_threads()));
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(one[i].equal(many[i])) << i;
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(rms_norm(x0, w0, kEps).equal(one[0]));
+  }
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    const auto y = rms_norm(x0, w0, kEps);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    EXPECT_TRUE(y.equal(one[0]));
+  }
+  auto x = x0.clone().requires_grad_(true);
+  rms_norm(x, w0, kEps).backward(g);
+  EXPECT_TRUE(x.grad().equal(one[1]));
+}
+
+// Where the fused pass does not apply (a last dimension not a multiple of 16, a bf16 input) the
+// composition bit for bit; a weight of the wrong length throws.
+TEST(RmsNorm, CompositionWhereTheFusedPassDoesNotApplyAndBadShapes) {
+  torch::manual_seed(14);
+  const auto composition = [](const torch::Tensor& x, const torch::Tensor& w) {
+    const auto xf = x.to(torch::kFloat);
+    return (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + kEps)).to(x.scalar_type()) * w;
+  };
+  const auto x = torch::randn({5, 24}), w = torch::randn({24});
+  EXPECT_TRUE(rms_norm(x, w, kEps).equal(composition(x, w)));
+  const auto xb = torch::randn({5, 32}).to(torch::kBFloat16), wb = torch::randn({32});
+  EXPECT_TRUE(rms_norm(xb, wb, kEps).equal(composition(xb, wb)));
+  EXPECT_THROW(rms_norm(torch::randn({5, 32}), torch::randn({16}), kEps), Error);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The post-LN residual step as one pass per row (layer_norm.h).
-#include "mllm/model/layer_norm.h"
+// LayerNorm with the residual step, and RMSNorm, as one pass per row (norm.h).
+#include "mllm/model/norm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +18,7 @@ namespace {
 
 using namespace vec16;  // NOLINT(build/namespaces): the 16-lane helpers of the row passes
 
-// The row block whose weight and bias gradients are summed in one partial (layer_norm.h).
+// The row block whose weight and bias gradients are summed in one partial (norm.h).
 constexpr int64_t kBlockRows = 32;
 
 [[gnu::always_inline]] inline float lane_sum(Floats v) {
@@ -113,6 +113,54 @@ constexpr int64_t kBlockRows = 32;
   }
 }
 
+// RMSNorm's rows r0..r1-1 of x [rows, d]: rstd = 1 / sqrt(mean(x^2) + eps) (into rstd when not
+// null), y = (x * rstd) * w.
+[[gnu::always_inline]] inline void rms_rows_impl(const float* __restrict x,
+                                                 const float* __restrict w, int64_t r0,
+                                                 int64_t r1, int64_t d, float eps,
+                                                 float* __restrict y, float* __restrict rstd) {
+  const float inv_d = 1.0f / static_cast<float>(d);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xx = x + r * d;
+    Floats sq = {};
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const Floats v = load<Floats>(xx + c);
+      sq += v * v;
+    }
+    const float rs = 1.0f / std::sqrt(lane_sum(sq) * inv_d + eps);
+    for (int64_t c = 0; c < d; c += kLanes)
+      store(y + r * d + c, load<Floats>(xx + c) * rs * load<Floats>(w + c));
+    if (rstd != nullptr) rstd[r] = rs;
+  }
+}
+
+// Its backward for rows r0..r1-1 from g = dL/dy: dx = (g w - xhat mean(g w xhat)) * rstd into dx
+// (when not null); with dw not null, g * xhat summed over the rows into it (in row order).
+[[gnu::always_inline]] inline void rms_grad_rows_impl(
+    const float* __restrict g, const float* __restrict x, const float* __restrict rstd,
+    const float* __restrict w, int64_t r0, int64_t r1, int64_t d, float* __restrict dx,
+    float* __restrict dw) {
+  const float inv_d = 1.0f / static_cast<float>(d);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* gg = g + r * d;
+    const float* xx = x + r * d;
+    const float rs = rstd[r];
+    Floats acc = {};
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const Floats gv = load<Floats>(gg + c);
+      const Floats xhat = load<Floats>(xx + c) * rs;
+      acc += gv * load<Floats>(w + c) * xhat;
+      if (dw != nullptr) store(dw + c, load<Floats>(dw + c) + gv * xhat);
+    }
+    if (dx == nullptr) continue;
+    const float c1 = lane_sum(acc) * inv_d;
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const Floats xhat = load<Floats>(xx + c) * rs;
+      store(dx + r * d + c, (load<Floats>(gg + c) * load<Floats>(w + c) - xhat * c1) * rs);
+    }
+  }
+}
+
 // Compiled three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, baseline; chosen when the
 // library loads): the v3 and v4 versions contract multiply-adds alike, so they give the same
 // bits; the baseline version (no FMA) may differ in the last bit.
@@ -135,6 +183,15 @@ MLLM_ROW_PASS void add_norm_grad_rows(const float* g, const float* s, const floa
                                       float* db) {
   add_norm_grad_rows_impl(g, s, mean, rstd, w, r0, r1, d, seed, threshold, scale, keep_all, dres,
                           dbr, dw, db);
+}
+MLLM_ROW_PASS void rms_rows(const float* x, const float* w, int64_t r0, int64_t r1, int64_t d,
+                            float eps, float* y, float* rstd) {
+  rms_rows_impl(x, w, r0, r1, d, eps, y, rstd);
+}
+MLLM_ROW_PASS void rms_grad_rows(const float* g, const float* x, const float* rstd,
+                                 const float* w, int64_t r0, int64_t r1, int64_t d, float* dx,
+                                 float* dw) {
+  rms_grad_rows_impl(g, x, rstd, w, r0, r1, d, dx, dw);
 }
 #undef MLLM_ROW_PASS
 
@@ -247,6 +304,51 @@ struct DropoutAddLayerNormFunction
   }
 };
 
+// RMSNorm's forward and backward (rms_norm in norm.h).
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w, double eps) {
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    torch::Tensor y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+    torch::Tensor rstd = torch::empty({rows}, x.options());
+    at::parallel_for(0, rows, row_grain(d), [&](int64_t r0, int64_t r1) {
+      rms_rows(x.const_data_ptr<float>(), w.const_data_ptr<float>(), r0, r1, d,
+               static_cast<float>(eps), y.data_ptr<float>(), rstd.data_ptr<float>());
+    });
+    ctx->save_for_backward({x, rstd, w});
+    return y;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &rstd = saved[1], &w = saved[2];
+    const torch::Tensor g = grads[0].to(torch::kFloat).contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    torch::Tensor dx, dw, part;
+    if (want_x) dx = torch::empty(x.sizes(), g.options());
+    const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+    if (want_w) part = torch::zeros({blocks, d}, g.options());
+    at::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k)
+        rms_grad_rows(g.const_data_ptr<float>(), x.const_data_ptr<float>(),
+                      rstd.const_data_ptr<float>(), w.const_data_ptr<float>(), k * kBlockRows,
+                      std::min(rows, (k + 1) * kBlockRows), d,
+                      want_x ? dx.data_ptr<float>() : nullptr,
+                      want_w ? part.data_ptr<float>() + k * d : nullptr);
+    });
+    if (want_w) {
+      dw = torch::zeros(w.sizes(), g.options());  // the blocks' sums added in block order
+      float* dwp = dw.data_ptr<float>();
+      const float* pp = part.const_data_ptr<float>();
+      for (int64_t k = 0; k < blocks; ++k)
+        for (int64_t c = 0; c < d; ++c) dwp[c] += pp[k * d + c];
+    }
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
 bool fused(const torch::Tensor& res, const torch::Tensor& br, const torch::Tensor& w,
            const torch::Tensor& b) {
   const auto f32_cpu = [](const torch::Tensor& t) {
@@ -305,6 +407,30 @@ torch::Tensor dropout_add_layer_norm(const torch::Tensor& residual, const torch:
   check_p(drop.p());
   return fused_call(residual, branch, drop.p(), drop.is_training(), norm.weight, norm.bias,
                     o.eps());
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  MLLM_CHECK(x.defined() && weight.defined() && x.dim() >= 1 && weight.dim() == 1 &&
+                 weight.size(0) == x.size(-1),
+             "rms_norm: expected weight [d] for x [..., d]");
+  const bool fused = x.is_cpu() && weight.is_cpu() && x.scalar_type() == torch::kFloat &&
+                     weight.scalar_type() == torch::kFloat && !x.is_sparse() &&
+                     x.size(-1) % kLanes == 0 && x.size(-1) > 0;
+  if (!fused) {  // the composition (as transformers' LlamaRMSNorm)
+    const torch::Tensor xf = x.to(torch::kFloat);
+    const torch::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return normed.to(x.scalar_type()) * weight;
+  }
+  const torch::Tensor xc = x.contiguous(), w = weight.contiguous();
+  if (torch::GradMode::is_enabled() && (xc.requires_grad() || w.requires_grad()))
+    return RmsNormFunction::apply(xc, w, eps);
+  const int64_t d = xc.size(-1), rows = xc.numel() / d;
+  torch::Tensor y = torch::empty_like(xc, at::MemoryFormat::Contiguous);
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t r0, int64_t r1) {
+    rms_rows(xc.const_data_ptr<float>(), w.const_data_ptr<float>(), r0, r1, d,
+             static_cast<float>(eps), y.data_ptr<float>(), nullptr);
+  });
+  return y;
 }
 
 }  // namespace mllm
