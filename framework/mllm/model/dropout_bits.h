@@ -1,7 +1,7 @@
 // The keep bits of mllm's counter-based CPU dropout (dropout.h), shared by the kernels that apply
-// a dropout mask inside a fused pass (dropout.cpp, cpu_attention.cpp): element i of a call's
-// contiguous output is kept when its 24-bit field of mix(seed, i / 2) is >= the call's drop
-// threshold, so a fused kernel draws exactly the mask mllm::dropout would.
+// a dropout mask inside a fused pass (dropout.cpp, cpu_attention.cpp, norm.cpp): element i of a
+// call's contiguous output is kept when its 24-bit field of mix(seed, i / 2) is >= the call's
+// drop threshold, so a fused kernel draws exactly the mask mllm::dropout would.
 #pragma once
 
 #include <cstdint>

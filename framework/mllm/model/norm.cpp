@@ -39,8 +39,10 @@ constexpr int64_t kBlockRows = 32;
 
 // Rows r0..r1-1 of the forward pass over [rows, d] (d a multiple of 16): s = res + dropped(br)
 // into s (row stride s_ld: d, or 0 for one row of scratch), the row's mean and rstd (into mean
-// and rstd when not null), y = (s - mean) * rstd * w + b.
-[[gnu::always_inline]] inline void add_norm_rows_impl(
+// and rstd when not null), y = (s - mean) * rstd * w + b. Without multiply-add contraction
+// (here and in add_norm_rows): s must be LibTorch's res + round(branch * scale), two roundings,
+// not one fused multiply-add; so every code path gives the same bits.
+[[gnu::always_inline, gnu::optimize("fp-contract=off")]] inline void add_norm_rows_impl(
     const float* __restrict res, const float* __restrict br, const float* __restrict w,
     const float* __restrict b, int64_t r0, int64_t r1, int64_t d, float eps, uint64_t seed,
     uint32_t threshold, float scale, bool keep_all, float* __restrict s, int64_t s_ld,
@@ -168,6 +170,9 @@ constexpr int64_t kBlockRows = 32;
 #define MLLM_ROW_PASS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MLLM_ROW_PASS
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((optimize("fp-contract=off")))
 #endif
 MLLM_ROW_PASS void add_norm_rows(const float* res, const float* br, const float* w,
                                  const float* b, int64_t r0, int64_t r1, int64_t d, float eps,

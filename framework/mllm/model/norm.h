@@ -32,8 +32,10 @@ namespace mllm {
 //   d bias = sum_rows g, the row sums taken per block of 32 rows and the blocks added in order:
 //   the same bits at any thread count.
 // The values agree with LibTorch's layer_norm to float32 rounding (its summation order and
-// multiply-adds differ), not bit for bit: docs/precision.md. The v3 and v4 (AVX2, AVX-512) code
-// paths give the same bits; the baseline x86-64 one (no FMA) may differ in the last bit.
+// multiply-adds differ), not bit for bit: docs/precision.md. The forward contracts no
+// multiply-adds, so every code path gives its bits; in the backward the v3 and v4 (AVX2,
+// AVX-512) paths give the same bits, the baseline x86-64 one (no FMA) may differ in the last
+// bits. First-order gradients only (the backward is not itself differentiable).
 // Otherwise torch::layer_norm(dropout_add(residual, branch, p, training), {d}, weight, bias, eps).
 // Differentiable in residual, branch, weight and bias. Throws mllm::Error for p outside [0, 1),
 // and as dropout_add and torch::layer_norm for shapes that disagree.
@@ -57,9 +59,10 @@ torch::Tensor dropout_add_layer_norm(const torch::Tensor& residual, const torch:
 // and out of it alike: one pass per row, the mean of squares in 16 lanes in a fixed order. Its
 // backward, from g = dL/dy and xhat = x * rstd: dx = rstd (g w - xhat mean(g w xhat)), d weight
 // = sum_rows g xhat, summed per block of 32 rows and the blocks added in order (the same bits at
-// any thread count). Agrees with the composition to float32 rounding, not bit for bit; the code
-// paths' bits as dropout_add_layer_norm's. Otherwise the composition. Differentiable in x and
-// weight. Throws mllm::Error unless weight is [d] for x [..., d].
+// any thread count). Agrees with the composition to float32 rounding, not bit for bit; the v3
+// and v4 code paths give the same bits, the baseline one may differ in the last bits. Otherwise
+// the composition. Differentiable in x and weight (first order, as dropout_add_layer_norm).
+// Throws mllm::Error unless weight is [d] for x [..., d].
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 }  // namespace mllm

@@ -111,13 +111,31 @@ TEST(DropoutAddLayerNorm, AgreesWithTheLibTorchCompositionAndDrawsAsDropoutAdd) 
     const auto next2 = torch::rand({4});
     EXPECT_TRUE(next1.equal(next2)) << "p " << p << " training " << training;
     EXPECT_LE(max_abs(y - want), 1e-5 * max_abs(want)) << "p " << p << " training " << training;
+    // The sum is LibTorch's bit for bit (two roundings, no fused multiply-add): the pass over
+    // LibTorch's sum with a zero branch in evaluation (s = sum + 0) gives the same bits.
+    torch::manual_seed(5);
+    const auto sum = dropout_add(in.res, in.branch, p, training);
+    EXPECT_TRUE(y.equal(dropout_add_layer_norm(sum, torch::zeros_like(sum), 0.0, false, in.weight,
+                                               in.bias, kEps)))
+        << "p " << p << " training " << training;
   }
+  // Under CPU autocast: LibTorch's composition, bit for bit.
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  torch::manual_seed(6);
+  const auto y = dropout_add_layer_norm(in.res, in.branch, 0.1, true, in.weight, in.bias, kEps);
+  torch::manual_seed(6);
+  const auto want = torch::layer_norm(dropout_add(in.res, in.branch, 0.1, true), {64}, in.weight,
+                                      in.bias, kEps);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_TRUE(y.equal(want));
 }
 
 // The gradients do not depend on the thread count (the weight and bias sums per fixed block of
 // rows, added in order), and outside grad mode the forward gives the bits of grad mode's.
 TEST(DropoutAddLayerNorm, SameBitsAtAnyThreadCountAndWithoutGradMode) {
-  const Inputs in = make_inputs({3, 100, 48}, 3);
+  const Inputs in = make_inputs({3, 400, 48}, 3);  // 1,200 rows: the forward splits too
   const int threads = torch::get_num_threads();
   torch::set_num_threads(1);
   const Result one = run_fused(in, 0.2, true, 9);
@@ -172,8 +190,18 @@ TEST(DropoutAddLayerNorm, LibTorchCompositionWhereTheFusedPassDoesNotApply) {
   torch::manual_seed(8);
   EXPECT_TRUE(y.equal(plain(drop->add_to(in32.res, in32.branch))));
 
-  // The module overload takes the modules' p, training flag and eps.
-  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({32}).eps(1e-3));
+  // The module overload takes the modules' p, training flag, weight, bias and eps.
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({32}).eps(0.5));
+  {
+    torch::NoGradGuard no_grad;
+    norm->weight.normal_(1.0, 0.3);
+    norm->bias.normal_(0.0, 0.2);
+  }
+  torch::manual_seed(9);
+  y = dropout_add_layer_norm(in32.res, in32.branch, *drop, *norm);
+  torch::manual_seed(9);
+  EXPECT_TRUE(y.equal(dropout_add_layer_norm(in32.res, in32.branch, 0.2, true, norm->weight,
+                                             norm->bias, 0.5)));
   drop->eval();
   y = dropout_add_layer_norm(in32.res, in32.branch, *drop, *norm);
   EXPECT_LE(max_abs(y - norm(in32.res + in32.branch)), 1e-5 * max_abs(y));
@@ -210,8 +238,8 @@ TEST(RmsNorm, ForwardAndGradientsAgainstFloat64) {
 // input stays float32 there); only the gradients asked for (a frozen weight).
 TEST(RmsNorm, SameBitsAtAnyThreadCountWithoutGradModeAndUnderAutocast) {
   torch::manual_seed(13);
-  const auto x0 = torch::randn({300, 48}), w0 = 1 + 0.3 * torch::randn({48});
-  const auto g = torch::randn({300, 48});
+  const auto x0 = torch::randn({1200, 48}), w0 = 1 + 0.3 * torch::randn({48});
+  const auto g = torch::randn({1200, 48});
   const auto run = [&](int threads) {
     const int before = torch::get_num_threads();
     torch::set_num_threads(threads);
