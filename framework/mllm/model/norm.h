@@ -33,7 +33,7 @@ namespace mllm {
 //   the same bits at any thread count.
 // The values agree with LibTorch's layer_norm to float32 rounding (its summation order and
 // multiply-adds differ), not bit for bit: docs/precision.md. The forward contracts no
-// multiply-adds, so every code path gives its bits; in the backward the v3 and v4 (AVX2,
+// multiply-adds, so every code path gives the same bits; in the backward the v3 and v4 (AVX2,
 // AVX-512) paths give the same bits, the baseline x86-64 one (no FMA) may differ in the last
 // bits. First-order gradients only (the backward is not itself differentiable).
 // Otherwise torch::layer_norm(dropout_add(residual, branch, p, training), {d}, weight, bias, eps).
