@@ -203,6 +203,17 @@ MLLM_ROW_PASS void rms_grad_rows(const float* g, const float* x, const float* rs
 // Rows split for the forward pass: every row is independent, so any split gives the same bits.
 int64_t row_grain(int64_t d) { return std::max<int64_t>(1, (int64_t{1} << 14) / d); }
 
+// A weight (or bias) gradient [d] from the row blocks' partial sums: part + k * stride for block
+// k, added in block order (a plain loop: a fixed order, whatever the thread count).
+torch::Tensor sum_blocks(const torch::Tensor& part, int64_t blocks, int64_t stride, int64_t d) {
+  torch::Tensor out = torch::zeros({d}, part.options());
+  float* o = out.data_ptr<float>();
+  const float* pp = part.const_data_ptr<float>();
+  for (int64_t k = 0; k < blocks; ++k)
+    for (int64_t c = 0; c < d; ++c) o[c] += pp[k * stride + c];
+  return out;
+}
+
 // A dropout call's mask: the seed, the 24-bit drop threshold and the scale (dropout.h's
 // DropoutDraw); threshold 0 and scale 1 keep every element (no draw: evaluation or p == 0).
 struct Mask {
@@ -290,36 +301,32 @@ struct DropoutAddLayerNormFunction
       }
     });
     torch::Tensor dw, db;
-    if (want_params) {
-      // The blocks' partial sums added in block order (a plain loop: a fixed order).
-      dw = torch::zeros(w.sizes(), g.options());
-      db = torch::zeros(w.sizes(), g.options());
-      float* dwp = dw.data_ptr<float>();
-      float* dbp = db.data_ptr<float>();
-      const float* pp = part.const_data_ptr<float>();
-      for (int64_t k = 0; k < blocks; ++k) {
-        for (int64_t c = 0; c < d; ++c) dwp[c] += pp[k * 2 * d + c];
-        for (int64_t c = 0; c < d; ++c) dbp[c] += pp[k * 2 * d + d + c];
-      }
-      if (!ctx->needs_input_grad(2)) dw = torch::Tensor();
-      if (!ctx->needs_input_grad(3)) db = torch::Tensor();
-    }
+    if (ctx->needs_input_grad(2)) dw = sum_blocks(part, blocks, 2 * d, d);
+    if (ctx->needs_input_grad(3)) db = sum_blocks(part.narrow(1, 1, 1), blocks, 2 * d, d);
     return {dres, dbr, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
 };
 
+// RMSNorm's output for contiguous x [..., d], and its rstd [rows] into `rstd` when defined.
+torch::Tensor rms_forward(const torch::Tensor& x, const torch::Tensor& w, double eps,
+                          const torch::Tensor& rstd) {
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  torch::Tensor y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t r0, int64_t r1) {
+    rms_rows(x.const_data_ptr<float>(), w.const_data_ptr<float>(), r0, r1, d,
+             static_cast<float>(eps), y.data_ptr<float>(),
+             rstd.defined() ? rstd.data_ptr<float>() : nullptr);
+  });
+  return y;
+}
+
 // RMSNorm's forward and backward (rms_norm in norm.h).
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w, double eps) {
-    const int64_t d = x.size(-1), rows = x.numel() / d;
-    torch::Tensor y = torch::empty_like(x, at::MemoryFormat::Contiguous);
-    torch::Tensor rstd = torch::empty({rows}, x.options());
-    at::parallel_for(0, rows, row_grain(d), [&](int64_t r0, int64_t r1) {
-      rms_rows(x.const_data_ptr<float>(), w.const_data_ptr<float>(), r0, r1, d,
-               static_cast<float>(eps), y.data_ptr<float>(), rstd.data_ptr<float>());
-    });
+    const torch::Tensor rstd = torch::empty({x.numel() / x.size(-1)}, x.options());
+    torch::Tensor y = rms_forward(x, w, eps, rstd);
     ctx->save_for_backward({x, rstd, w});
     return y;
   }
@@ -343,13 +350,7 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                       want_x ? dx.data_ptr<float>() : nullptr,
                       want_w ? part.data_ptr<float>() + k * d : nullptr);
     });
-    if (want_w) {
-      dw = torch::zeros(w.sizes(), g.options());  // the blocks' sums added in block order
-      float* dwp = dw.data_ptr<float>();
-      const float* pp = part.const_data_ptr<float>();
-      for (int64_t k = 0; k < blocks; ++k)
-        for (int64_t c = 0; c < d; ++c) dwp[c] += pp[k * d + c];
-    }
+    if (want_w) dw = sum_blocks(part, blocks, d, d);
     return {dx, dw, torch::Tensor()};
   }
 };
@@ -409,7 +410,7 @@ torch::Tensor dropout_add_layer_norm(const torch::Tensor& residual, const torch:
                         o.normalized_shape()[0] == residual.size(-1);
   if (!o.elementwise_affine() || !last_dim || !fused(residual, branch, norm.weight, norm.bias))
     return norm.forward(drop.add_to(residual, branch));
-  check_p(drop.p());
+  // (drop.p() is in [0, 1): DropoutImpl's constructor checks it.)
   return fused_call(residual, branch, drop.p(), drop.is_training(), norm.weight, norm.bias,
                     o.eps());
 }
@@ -429,13 +430,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const torch::Tensor xc = x.contiguous(), w = weight.contiguous();
   if (torch::GradMode::is_enabled() && (xc.requires_grad() || w.requires_grad()))
     return RmsNormFunction::apply(xc, w, eps);
-  const int64_t d = xc.size(-1), rows = xc.numel() / d;
-  torch::Tensor y = torch::empty_like(xc, at::MemoryFormat::Contiguous);
-  at::parallel_for(0, rows, row_grain(d), [&](int64_t r0, int64_t r1) {
-    rms_rows(xc.const_data_ptr<float>(), w.const_data_ptr<float>(), r0, r1, d,
-             static_cast<float>(eps), y.data_ptr<float>(), nullptr);
-  });
-  return y;
+  return rms_forward(xc, w, eps, torch::Tensor());
 }
 
 }  // namespace mllm
