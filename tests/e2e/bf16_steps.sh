@@ -35,26 +35,50 @@ for i, (a, b, c) in enumerate(zip(f32, acc2, acc1), 1):
     assert abs(b - a) <= 0.02 * a, f"step {i}: bf16 {b} vs fp32 {a}"
     assert abs(b - c) <= 0.02 * c, f"step {i}: accumulation 2 {b} vs 1 {c}"
 PY
-# MLLM_BF16_WEIGHT_GRAD (model/bf16_linear.h): "aten" trains through ATen's path with the same
-# forward, and the start-up line says which path runs; another value is bad input (exit 2).
-MLLM_BF16_WEIGHT_GRAD=aten train 1 "$WORK/aten" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
-  > "$WORK/aten.log" 2>&1 || { tail "$WORK/aten.log"; fail "bf16 run with MLLM_BF16_WEIGHT_GRAD=aten"; }
-grep -q "bf16 weight gradients: ATen's bf16 product" "$WORK/aten/logs/rank_00.log" ||
-  fail "MLLM_BF16_WEIGHT_GRAD=aten: no start-up line for ATen's path"
-grep -q "bf16 weight gradients: " "$WORK/acc2/logs/rank_00.log" || fail "no bf16 weight gradients line"
-python3 - "$WORK/acc2/metrics.jsonl" "$WORK/aten/metrics.jsonl" <<'PY'
+# MLLM_BF16_GEMM (model/bf16_linear.h) picks what runs the bf16 products: "aten" ATen's bf16
+# products (autocast's linear layers), "sgemm" float32 sgemm on the widened bf16 operands. Both
+# follow the default path step by step; the start-up line says which path runs; the forward of
+# the default path is bit for bit ATen's (oneMKL's bf16 GEMM and oneDNN's fused linear round as
+# ATen does) or sgemm's (the path this CPU takes by default). Another value, and the retired
+# MLLM_BF16_WEIGHT_GRAD, are bad input (exit 2).
+for path in aten sgemm; do
+  MLLM_BF16_GEMM=$path train 1 "$WORK/$path" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
+    > "$WORK/$path.log" 2>&1 || { tail "$WORK/$path.log"; fail "bf16 run with MLLM_BF16_GEMM=$path"; }
+done
+grep -q "bf16 products: ATen's bf16 products" "$WORK/aten/logs/rank_00.log" ||
+  fail "MLLM_BF16_GEMM=aten: no start-up line for ATen's path"
+grep -q "bf16 products: oneMKL's float32 sgemm on the bf16 operands widened" "$WORK/sgemm/logs/rank_00.log" ||
+  fail "MLLM_BF16_GEMM=sgemm: no start-up line for the sgemm path"
+default_line=$(grep -o "bf16 products: [^(]*" "$WORK/acc2/logs/rank_00.log") || fail "no bf16 products line"
+echo "default: $default_line"
+case "$default_line" in *sgemm*) same_forward=sgemm ;; *) same_forward=aten ;; esac
+python3 - "$WORK/acc2/metrics.jsonl" "$WORK/aten/metrics.jsonl" "$WORK/sgemm/metrics.jsonl" \
+  "$same_forward" <<'PY' || fail "bf16 paths"
 import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:3])
-# The first step's loss comes before any gradient: the same forward, bit for bit.
-assert a[0] == b[0], (a[0], b[0])
-for i, (x, y) in enumerate(zip(a, b), 1):
+a, b, c = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:4])
+print("aten      ", " ".join(f"{x:.4f}" for x in b))
+print("sgemm     ", " ".join(f"{x:.4f}" for x in c))
+# The first step's loss comes before any gradient: the default path's forward, bit for bit.
+same = b if sys.argv[4] == "aten" else c
+assert a[0] == same[0], (a[0], same[0], sys.argv[4])
+# sgemm and ATen's forward: the same bf16 products summed in another order (float32 sums; the
+# loss of 8 sequences moves by far less than one bf16 rounding).
+assert abs(c[0] - b[0]) <= 1e-3 * b[0], (c[0], b[0])
+assert len(b) == len(c) == 10, (len(b), len(c))
+for i, (x, y, z) in enumerate(zip(a, b, c), 1):
     assert abs(x - y) <= 0.02 * y, f"step {i}: {x} vs ATen's path {y}"
+    assert abs(z - y) <= 0.02 * y, f"step {i}: sgemm {z} vs ATen's path {y}"
 PY
 set +e
-MLLM_BF16_WEIGHT_GRAD=fast train 1 "$WORK/badenv" "${common[@]}" train.precision=bf16 > "$WORK/badenv.log" 2>&1
+MLLM_BF16_GEMM=fast train 1 "$WORK/badenv" "${common[@]}" train.precision=bf16 > "$WORK/badenv.log" 2>&1
 rc=$?
+MLLM_BF16_WEIGHT_GRAD=aten train 1 "$WORK/oldenv" "${common[@]}" train.precision=bf16 > "$WORK/oldenv.log" 2>&1
+rc_old=$?
 set -e
-[ $rc -eq 2 ] || { tail "$WORK/badenv.log"; fail "MLLM_BF16_WEIGHT_GRAD=fast: exit $rc, expected 2"; }
-grep -q "MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not 'fast'" "$WORK/badenv.log" ||
-  fail "MLLM_BF16_WEIGHT_GRAD=fast: $(tail -3 "$WORK/badenv.log")"
+[ $rc -eq 2 ] || { tail "$WORK/badenv.log"; fail "MLLM_BF16_GEMM=fast: exit $rc, expected 2"; }
+grep -q "MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not 'fast'" "$WORK/badenv.log" ||
+  fail "MLLM_BF16_GEMM=fast: $(tail -3 "$WORK/badenv.log")"
+[ $rc_old -eq 2 ] || { tail "$WORK/oldenv.log"; fail "MLLM_BF16_WEIGHT_GRAD=aten: exit $rc_old, expected 2"; }
+grep -q "MLLM_BF16_WEIGHT_GRAD was renamed MLLM_BF16_GEMM" "$WORK/oldenv.log" ||
+  fail "MLLM_BF16_WEIGHT_GRAD=aten: $(tail -3 "$WORK/oldenv.log")"
 echo PASS

@@ -3,10 +3,14 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -14,53 +18,185 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/accumulate.h>
+#include <c10/util/bit_cast.h>
+#include <fmt/format.h>
 
 #include "mllm/core/blas.h"
 #include "mllm/core/error.h"
 #include "mllm/model/f32_linear.h"
+#include "mllm/model/mkl_gemm.h"
+#include "mllm/model/vec16.h"
 
 namespace mllm {
 namespace {
 
-// MLLM_BF16_WEIGHT_GRAD: unset = on CPUs with AMX-BF16 (where it was measured faster),
-// "mkl" = also on CPUs with avx512_bf16 only (not measured yet), "aten" = never. Anything else
-// is an error (bf16_weight_grad_uses_mkl throws ConfigError).
-struct MklChoice {
+// The measured bf16 GEMM rate below which choose_bf16_gemm takes the float32 sgemm on widened
+// operands (a fraction of the fp32 rate): the widening costs 5-10% of a product, and a margin
+// keeps two runs on one machine from choosing differently on timing noise.
+constexpr double kSgemmBelowRatio = 0.8;
+
+struct GemmChoice {
+  Bf16GemmPath path = Bf16GemmPath::kAten;
   GemmBf16Bf16F32 gemm = nullptr;
   std::string why;  // for the log: which path, and why
 };
 
-const MklChoice& mkl_choice() {
-  static const MklChoice choice = [] {
-    const char* env = std::getenv("MLLM_BF16_WEIGHT_GRAD");
-    const std::string value = env != nullptr ? env : "";
-    if (value != "" && value != "mkl" && value != "aten")
-      throw ConfigError("MLLM_BF16_WEIGHT_GRAD must be unset, mkl or aten, not '" + value + "'");
-    MklChoice c;
-    if (value == "aten") {
-      c.why = "MLLM_BF16_WEIGHT_GRAD=aten";
-      return c;
-    }
-    const CpuIsa isa = detect_cpu_isa();
-    if (!(value == "mkl" ? isa.avx512_bf16 || isa.amx_bf16 : isa.amx_bf16)) {
-      c.why = value == "mkl" ? "this CPU has no bf16 units"
-                             : "this CPU has no AMX (MLLM_BF16_WEIGHT_GRAD=mkl tries oneMKL "
-                               "with avx512_bf16 alone)";
-      return c;
-    }
-    // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
-    void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
-    if (torch_cpu != nullptr)
-      c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
-    c.why = c.gemm != nullptr ? "oneMKL's cblas_gemm_bf16bf16f32 from libtorch_cpu.so"
-                              : "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
+// Decides from MLLM_BF16_GEMM, the CPU and (when measured: both > 0) the GEMM rates.
+GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
+  if (std::getenv("MLLM_BF16_WEIGHT_GRAD") != nullptr)
+    throw ConfigError("MLLM_BF16_WEIGHT_GRAD was renamed MLLM_BF16_GEMM (mkl, sgemm or aten; "
+                      "docs/precision.md): unset it");
+  const char* env = std::getenv("MLLM_BF16_GEMM");
+  const std::string value = env != nullptr ? env : "";
+  if (value != "" && value != "mkl" && value != "sgemm" && value != "aten")
+    throw ConfigError("MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not '" + value + "'");
+  GemmChoice c;
+  if (value == "aten") {
+    c.why = "MLLM_BF16_GEMM=aten";
     return c;
-  }();
-  return choice;
+  }
+  const CpuIsa isa = detect_cpu_isa();
+  const bool measured = bf16_flops > 0 && fp32_flops > 0;
+  const auto take_sgemm = [&](std::string why) {
+    if (!mkl_sgemm_available()) {
+      c.why = "libtorch_cpu.so exports no sgemm_ for the float32 path (" + why + ")";
+      return;
+    }
+    c.path = Bf16GemmPath::kSgemm;
+    c.gemm = &sgemm_on_widened_bf16;
+    c.why = std::move(why);
+  };
+  if (value == "sgemm") {
+    take_sgemm("MLLM_BF16_GEMM=sgemm");
+    return c;
+  }
+  if (value == "" && !isa.amx_bf16) {
+    if (measured && bf16_flops < kSgemmBelowRatio * fp32_flops)
+      take_sgemm(fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one",
+                             bf16_flops / fp32_flops));
+    else
+      c.why = measured ? fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one, and "
+                                     "this CPU has no AMX (MLLM_BF16_GEMM=mkl tries oneMKL's "
+                                     "bf16 GEMM with avx512_bf16 alone)",
+                                     bf16_flops / fp32_flops)
+                       : "no AMX, and no measured GEMM rates (MLLM_BF16_GEMM=mkl or sgemm "
+                         "chooses)";
+    return c;
+  }
+  if (!(isa.avx512_bf16 || isa.amx_bf16)) {
+    c.why = "MLLM_BF16_GEMM=mkl: this CPU has no bf16 units";
+    return c;
+  }
+  // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
+  void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
+  if (torch_cpu != nullptr)
+    c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
+  if (c.gemm != nullptr) c.path = Bf16GemmPath::kMkl;
+  c.why = c.gemm != nullptr ? (value == "mkl" ? "MLLM_BF16_GEMM=mkl" : "this CPU has AMX-BF16")
+                            : "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
+  return c;
 }
 
-GemmBf16Bf16F32 mkl_gemm() { return mkl_choice().gemm; }
+std::mutex gemm_choice_mutex;
+std::optional<GemmChoice> gemm_choice_made;
+
+const GemmChoice& gemm_choice(double bf16_flops = 0, double fp32_flops = 0) {
+  std::lock_guard<std::mutex> lock(gemm_choice_mutex);
+  if (!gemm_choice_made) gemm_choice_made = decide_gemm(bf16_flops, fp32_flops);
+  return *gemm_choice_made;
+}
+
+GemmBf16Bf16F32 own_gemm() { return gemm_choice().gemm; }
+bool sgemm_path() { return gemm_choice().path == Bf16GemmPath::kSgemm; }
+// The profiler's name for a product through own_gemm().
+const char* gemm_record_name() {
+  return sgemm_path() ? "mllm::sgemm_on_widened_bf16" : "mkl::cblas_gemm_bf16bf16f32";
+}
+
+// dst [rows, cols] float32 (contiguous) = the bf16 values src [rows, cols] (leading dimension
+// ld), exactly: a bf16 pattern is the upper half of the float32 one.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void widen_rows(const uint16_t* __restrict src, int64_t rows, int64_t cols, int64_t ld,
+                float* __restrict dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      dst[r * cols + j] = c10::bit_cast<float>(static_cast<uint32_t>(src[r * ld + j]) << 16);
+}
+
+void widen(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  // Rows per task: ~64 K elements, so that a small operand stays on one thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    widen_rows(src + r0 * ld, r1 - r0, cols, ld, dst + r0 * cols);
+  });
+}
+
+// t [...] bf16 CPU -> the same values as a contiguous float32 tensor of t's shape (widen; not
+// ATen's cast, whose _to_copy would read as one more bf16 cast of a weight to the profiler).
+torch::Tensor widened(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  torch::Tensor out = torch::empty(c.sizes(), c.options().dtype(torch::kFloat));
+  const int64_t cols = c.dim() == 0 ? 1 : c.size(-1);
+  const int64_t rows = cols == 0 ? 0 : c.numel() / cols;
+  widen(reinterpret_cast<const uint16_t*>(c.const_data_ptr()), rows, cols, cols,
+        out.data_ptr<float>());
+  return out;
+}
+
+// out [rows, cols] bf16 = round(y + bias), or round(max(0, y + bias)) with `relu` (torch::relu:
+// a NaN stays NaN), for y [rows, cols] float32 and bias [cols] float32 or nullptr: the bias and
+// the ReLU on the float32 accumulator, then one rounding to nearest even (c10's, NaN -> 0x7FC0),
+// as oneDNN's fused linear does. Rounding is monotone and keeps 0, so round(max(0, v)) is
+// max(0, round(v)): the values autocast's linear and torch::relu give.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void bias_relu_round_rows(const float* __restrict y, const float* __restrict bias, bool relu,
+                          int64_t rows, int64_t cols, uint16_t* __restrict out) {
+  using namespace vec16;  // NOLINT(build/namespaces)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    uint16_t* o = out + r * cols;
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      Floats v = load<Floats>(yr + j);
+      if (bias != nullptr) v = v + load<Floats>(bias + j);
+      if (relu) v = v < 0.0f ? splat(0.0f) : v;
+      store(o + j, to_bf16(v));
+    }
+    for (; j < cols; ++j) {
+      float v = yr[j] + (bias != nullptr ? bias[j] : 0.0f);
+      if (relu && v < 0.0f) v = 0.0f;
+      o[j] = c10::detail::round_to_nearest_even(v);
+    }
+  }
+}
+
+// x16 [..., in] bf16, w16 [out, in] bf16, b16 [out] bf16 or none -> [..., out] bf16 (a plain
+// tensor): the kSgemm path's forward, float32 sgemm on the widened operands, then
+// bias_relu_round_rows.
+torch::Tensor forward_widened(const torch::Tensor& x16, const torch::Tensor& w16,
+                              const std::optional<torch::Tensor>& b16, bool relu) {
+  const int64_t in = w16.size(1), out = w16.size(0);
+  const int64_t rows = c10::multiply_integers(x16.sizes().begin(), x16.sizes().end() - 1);
+  std::vector<int64_t> y_shape(x16.sizes().begin(), x16.sizes().end());
+  y_shape.back() = out;
+  const torch::Tensor y32 = at::mm(widened(x16.reshape({rows, in})), widened(w16).t());
+  const torch::Tensor b32 = b16.has_value() ? widened(*b16) : torch::Tensor();
+  torch::Tensor y = torch::empty(y_shape, x16.options());
+  const float* yp = y32.const_data_ptr<float>();
+  const float* bp = b32.defined() ? b32.const_data_ptr<float>() : nullptr;
+  auto* op = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(out, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    bias_relu_round_rows(yp + r0 * out, bp, relu, r1 - r0, out, op + r0 * out);
+  });
+  return y;
+}
 
 // ReLU's gradient on bf16 bit patterns: out = y <= 0 ? 0 : g (PyTorch's threshold_backward
 // with threshold 0, so a NaN output passes the gradient), for y = relu(.) and its gradient g.
@@ -98,6 +234,7 @@ const c10::OperatorHandle* fused_linear_op() {
 // (non-view) tensor: x16 @ w16^T + b16, then max(0, .) when `relu`.
 torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
                            const std::optional<torch::Tensor>& b16, bool relu) {
+  if (sgemm_path()) return forward_widened(x16, w16, b16, relu);
   torch::Tensor y;
   const c10::OperatorHandle* op = fused_linear_op();
   if (op != nullptr && (b16.has_value() || relu)) {
@@ -125,7 +262,7 @@ torch::Tensor forward_bf16(const torch::Tensor& x16, const torch::Tensor& w16,
 // its int (the caller then takes ATen's path). As weight_grad_float32, contiguous operands are
 // not copied.
 torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w16) {
-  const GemmBf16Bf16F32 gemm = mkl_gemm();
+  const GemmBf16Bf16F32 gemm = own_gemm();
   const int64_t rows = g.size(0), out = g.size(1), in = w16.size(1);
   if (gemm == nullptr || !g.is_cpu() || !w16.is_cpu() || rows > INT_MAX || out > INT_MAX ||
       in > INT_MAX)
@@ -133,7 +270,7 @@ torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w1
   const torch::Tensor gc = g.contiguous(), wc = w16.contiguous();
   torch::Tensor dx = torch::empty({rows, in}, g.options().dtype(torch::kFloat));
   if (rows == 0 || out == 0 || in == 0) return dx.zero_();
-  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, wc}));
+  RECORD_FUNCTION(gemm_record_name(), std::vector<c10::IValue>({gc, wc}));
   gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows),
        static_cast<int>(in), static_cast<int>(out), 1.0f, gc.const_data_ptr(),
        static_cast<int>(out), wc.const_data_ptr(), static_cast<int>(in), 0.0f,
@@ -152,6 +289,16 @@ struct LinearGrads {
 LinearGrads linear_grads(const torch::Tensor& g, const torch::Tensor& x16, const torch::Tensor& w16,
                          torch::ScalarType x_dtype, bool need_dx, bool need_dw, bool need_db) {
   LinearGrads r;
+  if (sgemm_path()) {
+    // Float32 products whatever autocast state the backward runs under; g widened once for the
+    // three; dx for a bf16 x rounded to bf16 once.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const torch::Tensor g32 = widened(g);
+    if (need_dx) r.dx = at::mm(g32, widened(w16)).view(x16.sizes()).to(x_dtype);
+    if (need_dw) r.dw = at::mm(g32.t(), widened(x16.reshape({g.size(0), w16.size(1)})));
+    if (need_db) r.db = g32.sum(0);
+    return r;
+  }
   if (need_dx) {
     const torch::Tensor dx =
         x_dtype == torch::kFloat ? input_grad_float32(g, w16) : torch::Tensor();
@@ -270,13 +417,43 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
 
 }  // namespace
 
-bool bf16_weight_grad_uses_mkl() { return mkl_gemm() != nullptr; }
+Bf16GemmPath bf16_gemm_path() { return gemm_choice().path; }
 
-GemmBf16Bf16F32 mkl_gemm_bf16bf16f32() { return mkl_gemm(); }
+Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops) {
+  return gemm_choice(bf16_flops, fp32_flops).path;
+}
 
-std::string bf16_weight_grad_path() {
-  const MklChoice& c = mkl_choice();
-  return (c.gemm != nullptr ? "float32 from " : "ATen's bf16 product cast to float32: ") + c.why;
+bool bf16_products_in_mllm() { return own_gemm() != nullptr; }
+
+GemmBf16Bf16F32 bf16_gemm_f32() { return own_gemm(); }
+
+void sgemm_on_widened_bf16(int /*layout: row-major*/, int transa, int transb, int m, int n, int k,
+                           float alpha, const void* a, int lda, const void* b, int ldb, float beta,
+                           float* c, int ldc) {
+  // op(A) is [m, k]: stored [k, m] when transposed. Widened contiguous, as stored.
+  const bool ta = transa == cblas::kTrans, tb = transb == cblas::kTrans;
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  thread_local std::vector<float> a32, b32;
+  a32.resize(static_cast<size_t>(a_rows * a_cols));
+  b32.resize(static_cast<size_t>(b_rows * b_cols));
+  widen(static_cast<const uint16_t*>(a), a_rows, a_cols, lda, a32.data());
+  widen(static_cast<const uint16_t*>(b), b_rows, b_cols, ldb, b32.data());
+  mkl_sgemm_row_major(ta, tb, m, n, k, alpha, a32.data(), static_cast<int>(a_cols), b32.data(),
+                      static_cast<int>(b_cols), beta, c, ldc);
+}
+
+std::string describe_bf16_gemm() {
+  const GemmChoice& c = gemm_choice();
+  switch (c.path) {
+    case Bf16GemmPath::kMkl:
+      return "oneMKL's cblas_gemm_bf16bf16f32 (float32 results): " + c.why;
+    case Bf16GemmPath::kSgemm:
+      return "oneMKL's float32 sgemm on the bf16 operands widened to float32: " + c.why;
+    case Bf16GemmPath::kAten:
+      break;
+  }
+  return "ATen's bf16 products (autocast's linear layers): " + c.why;
 }
 
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x) {
@@ -285,14 +462,14 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
     throw Error(c10::str("weight_grad_float32: expected g [rows, out] and x [rows, in] bf16, got ",
                          g.sizes(), " ", g.scalar_type(), " and ", x.sizes(), " ", x.scalar_type()));
   const int64_t rows = g.size(0), out = g.size(1), in = x.size(1);
-  const GemmBf16Bf16F32 gemm = mkl_gemm();
+  const GemmBf16Bf16F32 gemm = own_gemm();
   if (gemm == nullptr || !g.is_cpu() || !x.is_cpu() || rows > INT_MAX || out > INT_MAX ||
       in > INT_MAX)
     return at::mm(g.t(), x).to(torch::kFloat);
   const torch::Tensor gc = g.contiguous(), xc = x.contiguous();
   torch::Tensor dw = torch::empty({out, in}, g.options().dtype(torch::kFloat));
   if (rows == 0 || out == 0 || in == 0) return dw.zero_();
-  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, xc}));
+  RECORD_FUNCTION(gemm_record_name(), std::vector<c10::IValue>({gc, xc}));
   // dW [out, in] = op(A) op(B) with A = g stored [rows, out] (transposed: lda = out) and
   // B = x stored [rows, in] (lda = in).
   gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, static_cast<int>(out),
@@ -323,8 +500,9 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g) {
     throw Error(c10::str("bias_grad_float32: expected g [rows, out] bf16, got ", g.sizes(), " ",
                          g.scalar_type()));
   const int64_t rows = g.size(0), out = g.size(1);
-  const GemmBf16Bf16F32 gemm = mkl_gemm();
-  if (gemm == nullptr || !g.is_cpu() || rows > INT_MAX || out > INT_MAX)
+  const GemmBf16Bf16F32 gemm = own_gemm();
+  // Under kSgemm a product with a ones vector would widen all of g for it: ATen's sum instead.
+  if (gemm == nullptr || sgemm_path() || !g.is_cpu() || rows > INT_MAX || out > INT_MAX)
     return at::sum(g, {0}, /*keepdim=*/false, torch::kFloat);
   const torch::Tensor gc = g.contiguous();
   torch::Tensor db = torch::empty({out}, g.options().dtype(torch::kFloat));

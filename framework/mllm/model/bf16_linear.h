@@ -20,22 +20,57 @@
 // (not rounded to bf16, no cast; 6-17% faster than ATen's bf16 mm at the small shape's Q/K/V,
 // feed-forward and head products on an AMX Xeon, bench/README.md); that of a bf16 input is
 // ATen's bf16 mm, as before. The bias gradient is a float32 sum from oneMKL.
+//
+// On a CPU whose bf16 GEMM is slower than its float32 one (Bf16GemmPath::kSgemm below: a Xeon
+// without AMX ran oneMKL's and oneDNN's bf16 products at half the fp32 rate), every one of these
+// products is oneMKL's float32 sgemm on the bf16 operands widened to float32, which gives the
+// same values up to the order of the float32 additions; the forward then adds the bias, applies
+// the ReLU and rounds to bf16 in one pass (one rounding, as oneDNN's fused linear). Saved
+// tensors stay bf16: the backward widens them again.
 #pragma once
 
 #include <torch/torch.h>
 
 namespace mllm {
 
-// Whether the weight gradient comes from oneMKL's cblas_gemm_bf16bf16f32: LibTorch's
-// libtorch_cpu.so exports it (the x86-64 wheels link oneMKL statically and export its CBLAS
-// symbols; looked up in that library, not in a preloaded one) and the CPU has AMX-BF16 (where
-// it was measured; bench/README.md), or avx512_bf16 with MLLM_BF16_WEIGHT_GRAD=mkl; never with
-// MLLM_BF16_WEIGHT_GRAD=aten. Otherwise mllm::linear, linear_relu and linears are autocast's
-// linear layers (none of the fused paths below; nor the fused attention of cpu_attention.h,
-// which needs the same GEMM), and weight_grad_float32 falls back to ATen's bf16 mm (one
-// rounding to bf16) cast to float32. Decided once per process; throws mllm::ConfigError for
-// another value of MLLM_BF16_WEIGHT_GRAD.
-bool bf16_weight_grad_uses_mkl();
+// Which GEMM runs mllm's bf16 training products (the linear layers below and the fused
+// attention of cpu_attention.h). Decided once per process (bf16_gemm_path or choose_bf16_gemm,
+// whichever comes first), from MLLM_BF16_GEMM when it is set, else from the CPU and, where the
+// trainer measured them, its GEMM rates:
+//   kMkl:   oneMKL's cblas_gemm_bf16bf16f32 from libtorch_cpu.so (the x86-64 wheels link oneMKL
+//           statically and export its CBLAS symbols; looked up in that library, not a preloaded
+//           one). The default on CPUs with AMX-BF16 (where it was measured); MLLM_BF16_GEMM=mkl
+//           also takes it with avx512_bf16 alone.
+//   kSgemm: the bf16 operands widened to float32 (exact: a bf16 value is a float32 with the low
+//           16 bits zero) and oneMKL's float32 sgemm. Every product of two bf16 values is exact in
+//           float32 and the sum accumulates in float32, as in a bf16 GEMM with a float32
+//           accumulator: the results differ from kMkl's only in the order of the additions. The
+//           default where the trainer measured the bf16 GEMM below 0.8 of the fp32 one
+//           (choose_bf16_gemm: a CPU whose bf16 units are slow or absent; the widening costs
+//           5-10% of a product, bench/README.md); MLLM_BF16_GEMM=sgemm forces it.
+//   kAten:  none: mllm::linear, linear_relu and linears are autocast's linear layers (ATen's
+//           bf16 products; none of the fused paths below, nor the fused bf16 attention), and
+//           weight_grad_float32 and bias_grad_float32 fall back to ATen's bf16 mm (one rounding
+//           to bf16) cast to float32. Elsewhere, and with MLLM_BF16_GEMM=aten.
+// MLLM_BF16_GEMM takes mkl, sgemm or aten; a path this process cannot take (mkl without bf16
+// units or without the oneMKL symbol, sgemm without an sgemm_) falls back to kAten, and
+// describe_bf16_gemm says why.
+enum class Bf16GemmPath { kAten, kMkl, kSgemm };
+
+// The path in use (deciding it without GEMM rates if nothing has yet). Throws mllm::ConfigError
+// for another value of MLLM_BF16_GEMM, or when the retired MLLM_BF16_WEIGHT_GRAD is set.
+Bf16GemmPath bf16_gemm_path();
+
+// Decides the path from the measured GEMM rates of this job's CPUs (FLOP/s, bf16 and fp32 at the
+// thread count the run trains with; 0 where not measured) unless it is already decided, and
+// returns the path in use. The trainer calls it at start-up before the model's first product,
+// with the job-wide rates every rank shares, so that all ranks take the same path. Throws as
+// bf16_gemm_path.
+Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops);
+
+// Whether mllm's own bf16 training products run (kMkl or kSgemm), rather than autocast's.
+// Throws as bf16_gemm_path.
+bool bf16_products_in_mllm();
 
 // oneMKL's cblas_gemm_bf16bf16f32 (oneMKL Developer Reference, "cblas_gemm_bf16bf16f32"):
 //   C = alpha * op(A) * op(B) + beta * C,  A [m, k] and B [k, n] bf16 (after op), C [m, n] float32,
@@ -49,23 +84,33 @@ using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int 
 namespace cblas {
 inline constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 }  // namespace cblas
-// That function where bf16_weight_grad_uses_mkl(), else nullptr (the same decision). Throws as
-// bf16_weight_grad_uses_mkl.
-GemmBf16Bf16F32 mkl_gemm_bf16bf16f32();
+// The GEMM of that form for the path in use: oneMKL's (kMkl), sgemm_on_widened_bf16 (kSgemm),
+// nullptr (kAten). Throws as bf16_gemm_path.
+GemmBf16Bf16F32 bf16_gemm_f32();
 
-// The decision above in words, for the start-up log ("float32 from oneMKL's ..." or "ATen's
-// bf16 product cast to float32: <why>"). Throws as bf16_weight_grad_uses_mkl.
-std::string bf16_weight_grad_path();
+// The same product as cblas_gemm_bf16bf16f32 (row-major only: layout is not read) through
+// oneMKL's float32 sgemm: op(A) and op(B) widened to float32 into this thread's scratch buffers
+// (m k and k n floats, kept for the thread's next call), then one sgemm. Widens in parallel
+// (at::parallel_for) when called outside a parallel region. Requires mkl_sgemm_available()
+// (mkl_gemm.h).
+void sgemm_on_widened_bf16(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                           const void* a, int lda, const void* b, int ldb, float beta, float* c,
+                           int ldc);
+
+// The decision in words, for the start-up log ("oneMKL's cblas_gemm_bf16bf16f32 ...",
+// "float32 sgemm on widened bf16 operands: ...", "ATen's bf16 products: <why>"). Throws as
+// bf16_gemm_path.
+std::string describe_bf16_gemm();
 
 // g [rows, out] bf16, x [rows, in] bf16 -> [out, in] float32 = g^T @ x (the weight gradient of
-// y = x @ W^T), accumulated in float32; contiguous inputs are not copied. Throws mllm::Error for
-// other dtypes or shapes.
+// y = x @ W^T), accumulated in float32 by bf16_gemm_f32() (contiguous inputs are not copied), or
+// ATen's bf16 mm cast to float32 under kAten. Throws mllm::Error for other dtypes or shapes.
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x);
 
 // g [rows, out] bf16 -> [out] float32 = the sum of g's rows (the bias gradient of y = x @ W^T + b),
 // accumulated in float32 and not rounded to bf16: oneMKL's cblas_gemm_bf16bf16f32 as g^T @ 1
-// where bf16_weight_grad_uses_mkl() (~3x ATen's bf16 column sum at [2048, 2048]), else ATen's
-// sum with a float32 result. Throws mllm::Error for another dtype or rank.
+// under kMkl (~3x ATen's bf16 column sum at [2048, 2048]), else ATen's sum with a float32
+// result. Throws mllm::Error for another dtype or rank.
 torch::Tensor bias_grad_float32(const torch::Tensor& g);
 
 // g, y [...] bf16 CPU, one shape -> [...] bf16 contiguous: ReLU's gradient for y = relu(.),
@@ -80,8 +125,9 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
 // Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
-// x's dtype (float32 x: oneMKL's float32 product where bf16_weight_grad_uses_mkl() and the
-// sizes fit its int, else ATen's bf16 mm cast; bf16 x: ATen's bf16 mm), the weight gradient in
+// x's dtype (float32 x: a float32 result from bf16_gemm_f32() where the sizes fit its int, else
+// ATen's bf16 mm cast; bf16 x: ATen's bf16 mm, or under kSgemm the float32 product rounded to
+// bf16 once), the weight gradient in
 // float32 (weight_grad_float32), the bias gradient in float32 (bias_grad_float32). The output is
 // saved for the backward with `relu`: modifying it in place then makes the backward throw
 // (autograd's version check). Requires grad mode and CPU tensors; throws mllm::Error otherwise.

@@ -51,7 +51,7 @@ struct Bf16 {
   [[gnu::always_inline]] static Ints nonzero(const T* p) {
     return __builtin_convertvector(load<Halves>(p), Ints) != 0;
   }
-  static GemmBf16Bf16F32 gemm() { return mkl_gemm_bf16bf16f32(); }
+  static GemmBf16Bf16F32 gemm() { return bf16_gemm_f32(); }
 };
 struct F32 {
   using T = float;

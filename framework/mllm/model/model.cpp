@@ -129,7 +129,7 @@ bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x
   return torch::GradMode::is_enabled() && x.is_cpu() && w.scalar_type() == torch::kFloat &&
          w.requires_grad() && at::autocast::is_autocast_enabled(at::kCPU) &&
          at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
-         bf16_weight_grad_uses_mkl();
+         bf16_products_in_mllm();
 }
 }  // namespace
 

@@ -651,11 +651,24 @@ void Trainer::measure_peak() {
   const bool bf16 = recipe_.train.precision == "bf16";
   const JobPeak peak = measure_job_peak_flops(*comm_, bf16, device_);
   peak_flops_ = peak.flops;
+  std::string how = peak.how;
+  bool bf16_on_sgemm = false;
+  if (bf16 && device_.is_cpu()) {
+    // Before the first product, from the job-wide rates every rank shares (one path for all).
+    bf16_on_sgemm = choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops) ==
+                    Bf16GemmPath::kSgemm;
+    // The products then run on the fp32 units: their rate is the peak.
+    if (bf16_on_sgemm && peak.cpu_fp32_flops > 0) {
+      peak_flops_ = peak.cpu_fp32_flops;
+      how = "the measured fp32 GEMM, which runs bf16's products here (float32 sgemm on widened "
+            "bf16 operands)";
+    }
+  }
   spdlog::info("MFU peak {} = {}", peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)
                                                     : fmt::format("{:.1f} GFLOP/s", peak_flops_ / 1e9),
-               peak.how);
+               how);
   if (bf16 && device_.is_cpu())
-    spdlog::info("bf16 weight gradients: {} (docs/precision.md)", bf16_weight_grad_path());
+    spdlog::info("bf16 products: {} (docs/precision.md)", describe_bf16_gemm());
   if (!device_.is_cpu() || peak.cpu_fp32_flops <= 0) return;
   if (peak.cpu_bf16_flops <= 0) {
     spdlog::info("CPU GEMM: fp32 {:.1f} GFLOP/s; no bf16 units ({}: no avx512_bf16 or amx_bf16), "
@@ -666,6 +679,15 @@ void Trainer::measure_peak() {
   // bf16 against fp32 from the two measured GEMM rates: the matmuls are most of a step's work,
   // so their ratio says which precision is expected to train faster on this CPU.
   const double ratio = peak.cpu_bf16_flops / peak.cpu_fp32_flops;
+  if (bf16_on_sgemm) {
+    // The products run at the fp32 rate; bf16 adds roundings and conversions and saves memory.
+    spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
+                 "bf16's products run as float32 GEMMs here, so train.precision=bf16 is "
+                 "expected to train somewhat slower than fp32 (not faster), with half the "
+                 "activation memory", peak.cpu_bf16_flops / 1e9, peak.cpu_fp32_flops / 1e9, ratio,
+                 detect_cpu_isa().describe());
+    return;
+  }
   const char* verdict = ratio > 1.1 ? "faster than" : ratio < 0.9 ? "slower than" : "about as fast as";
   spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,

@@ -507,11 +507,44 @@ TEST(Linear, Bf16AutocastForwardEqualsAutocastsLinear) {
   }
 }
 
+// Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
+// |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
+// Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
+// meet it at these sizes.
+torch::Tensor float32_gemm_bound(const torch::Tensor& abs_terms_sum, int64_t n) {
+  const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
+  return abs_terms_sum * (nu / (1.0 - nu));
+}
+
+// Under Bf16GemmPath::kSgemm, got = round_bf16(x W^T + b) (then max(0, .) with relu) from a
+// float32 sum in another order than autocast's: within Higham's bound of the float64 value of the
+// bf16 operands plus one bf16 rounding (2^-8 relative: a relative half-unit 2^-9 with margin),
+// and equal to autocast's bits `want` in all but a few places (where the two float32 sums round
+// to neighbouring bf16 values).
+void expect_sgemm_product(const torch::Tensor& got, const torch::Tensor& want,
+                          const torch::Tensor& x, const torch::nn::Linear& layer, bool relu) {
+  const auto bf = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kBFloat16).to(torch::kDouble);
+  };
+  const int64_t in = layer->weight.size(1);
+  const auto x2 = bf(x).reshape({-1, in}), w = bf(layer->weight);
+  auto ref = x2.mm(w.t()) + bf(layer->bias);
+  if (relu) ref = ref.relu();
+  const auto bound = float32_gemm_bound(x2.abs().mm(w.abs().t()) + bf(layer->bias).abs(), in + 1) +
+                     std::ldexp(1.0, -8) * ref.abs();
+  const auto err = (got.to(torch::kDouble).reshape(ref.sizes()) - ref).abs();
+  EXPECT_TRUE(err.le(bound).all().item<bool>()) << "max error " << err.max().item<double>();
+  const double same = got.eq(want).to(torch::kDouble).mean().item<double>();
+  EXPECT_GT(same, 0.99) << "equal to autocast's bits: " << same;
+}
+
 // At the small benchmark's shapes (2048 rows; 512 -> 512 x 3, 512 -> 2048 with ReLU, 2048 ->
 // 512), the fused forward paths under bf16 autocast with grad mode — one product for Q/K/V
 // (linears), oneDNN's bias and ReLU (linear, linear_relu) — equal autocast's own linear and ReLU
 // bit for bit, as LibTorch computes them without grad mode (activation checkpointing's first
-// forward pass takes that path and its recomputation the fused one).
+// forward pass takes that path and its recomputation the fused one). Under kSgemm (float32
+// sgemm on widened operands) they are the same products summed in another order:
+// expect_sgemm_product.
 TEST(Linear, FusedForwardsEqualAutocastAtModelShapes) {
   torch::manual_seed(12);
   std::vector<torch::nn::Linear> qkv{torch::nn::Linear(512, 512), torch::nn::Linear(512, 512),
@@ -523,24 +556,29 @@ TEST(Linear, FusedForwardsEqualAutocastAtModelShapes) {
   auto h = linear_relu(fc1, x);
   auto out = linear(fc2, h);
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < qkv.size(); ++i)
-    EXPECT_TRUE(torch::equal(got[i], torch::linear(x, qkv[i]->weight, qkv[i]->bias))) << i;
+  const bool sgemm = bf16_gemm_path() == Bf16GemmPath::kSgemm;
+  for (size_t i = 0; i < qkv.size(); ++i) {
+    const auto want = torch::linear(x, qkv[i]->weight, qkv[i]->bias);
+    if (sgemm)
+      expect_sgemm_product(got[i], want, x, qkv[i], false);
+    else
+      EXPECT_TRUE(torch::equal(got[i], want)) << i;
+  }
   auto want_h = torch::relu(torch::linear(x, fc1->weight, fc1->bias));
-  EXPECT_TRUE(torch::equal(h, want_h));
-  EXPECT_TRUE(torch::equal(out, torch::linear(want_h, fc2->weight, fc2->bias)));
+  // fc2 from the same h, so that its check does not carry h's differences.
+  auto want_out = torch::linear(h, fc2->weight, fc2->bias);
+  if (sgemm) {
+    expect_sgemm_product(h, want_h, x, fc1, true);
+    expect_sgemm_product(out, want_out, h, fc2, false);
+  } else {
+    EXPECT_TRUE(torch::equal(h, want_h));
+    EXPECT_TRUE(torch::equal(out, want_out));
+  }
 }
 
-// Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
-// |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
-// Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
-// meet it at these sizes.
-torch::Tensor float32_gemm_bound(const torch::Tensor& abs_terms_sum, int64_t n) {
-  const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
-  return abs_terms_sum * (nu / (1.0 - nu));
-}
 
 // Under CPU bf16 autocast with grad mode, the weight gradient of mllm::linear is a float32 GEMM
-// result where oneMKL is used (bf16_weight_grad_uses_mkl), or ATen's bf16 product otherwise; the
+// result where oneMKL is used (bf16_products_in_mllm), or ATen's bf16 product otherwise; the
 // input gradient of a float32 x likewise a float32 product where oneMKL is used (within Higham's
 // bound, most elements not bf16 values), else the bf16 product cast to float32; the bias
 // gradient a float32 sum; two micro-batches accumulate. References: float64 products of the
@@ -570,7 +608,7 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
     ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
     auto want_dx = g2.mm(bf(layer->weight.detach())).view({3, 50, 64});
     const auto dx_err = (x.grad().to(torch::kDouble) - want_dx).abs();
-    if (bf16_weight_grad_uses_mkl()) {
+    if (bf16_products_in_mllm()) {
       // dx: oneMKL's float32 product (32 terms), not rounded to bf16.
       const auto dx_bound =
           float32_gemm_bound(g2.abs().mm(bf(layer->weight.detach()).abs()), 32).view({3, 50, 64});
@@ -588,7 +626,7 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
   }
   ASSERT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
   auto dw = layer->weight.grad().to(torch::kDouble);
-  if (bf16_weight_grad_uses_mkl()) {
+  if (bf16_products_in_mllm()) {
     EXPECT_TRUE((dw - want_dw).abs().le(bound).all().item<bool>())
         << "max error " << (dw - want_dw).abs().max().item<double>();
     // Not rounded to bf16 on the way: most elements are not bf16 values.
@@ -600,7 +638,7 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
               std::ldexp(1.0, -7) * want_dw.abs().max().item<double>());
   }
   auto db = layer->bias.grad().to(torch::kDouble);
-  if (bf16_weight_grad_uses_mkl()) {
+  if (bf16_products_in_mllm()) {
     // The bias gradient: a float32 sum (oneMKL), within Higham's bound, not rounded to bf16.
     EXPECT_TRUE((db - want_db).abs().le(bias_bound).all().item<bool>())
         << "max error " << (db - want_db).abs().max().item<double>();
@@ -622,7 +660,7 @@ TEST(Linear, WeightGradFloat32AgainstFloat64AndItsErrors) {
   ASSERT_EQ(dw.sizes(), (std::vector<int64_t>{40, 96}));
   auto gd = g.to(torch::kDouble), xd = x.to(torch::kDouble);
   auto err = (dw.to(torch::kDouble) - gd.t().mm(xd)).abs();
-  if (bf16_weight_grad_uses_mkl()) {
+  if (bf16_products_in_mllm()) {
     EXPECT_TRUE(err.le(float32_gemm_bound(gd.abs().t().mm(xd.abs()), 777)).all().item<bool>())
         << "max error " << err.max().item<double>();
   }
@@ -630,7 +668,7 @@ TEST(Linear, WeightGradFloat32AgainstFloat64AndItsErrors) {
   auto gt = torch::randn({40, 777}).to(torch::kBFloat16).t();
   auto gtd = gt.to(torch::kDouble);
   auto err_t = (weight_grad_float32(gt, x).to(torch::kDouble) - gtd.t().mm(xd)).abs();
-  if (bf16_weight_grad_uses_mkl())
+  if (bf16_products_in_mllm())
     EXPECT_TRUE(err_t.le(float32_gemm_bound(gtd.abs().t().mm(xd.abs()), 777)).all().item<bool>());
   EXPECT_TRUE(weight_grad_float32(g.narrow(0, 0, 0), x.narrow(0, 0, 0)).eq(0).all().item<bool>());
   EXPECT_EQ(weight_grad_float32(g.narrow(1, 0, 0), x).sizes(), (std::vector<int64_t>{0, 96}));
@@ -666,7 +704,7 @@ TEST(Linear, ReluFusedEqualsReluOfLinear) {
   const auto want_dw = g2.t().mm(x2), want_db = g2.sum(0);
   const auto want_dx = g2.mm(bf(layer->weight.detach())).view({4, 30, 48});
   auto dw = layer->weight.grad().to(torch::kDouble), db = layer->bias.grad().to(torch::kDouble);
-  if (bf16_weight_grad_uses_mkl()) {
+  if (bf16_products_in_mllm()) {
     EXPECT_TRUE((dw - want_dw).abs().le(float32_gemm_bound(g2.abs().t().mm(x2.abs()), 120)).all().item<bool>());
     EXPECT_TRUE((db - want_db).abs().le(float32_gemm_bound(g2.abs().sum(0), 120)).all().item<bool>());
   } else {
@@ -677,7 +715,7 @@ TEST(Linear, ReluFusedEqualsReluOfLinear) {
   }
   EXPECT_LE((x.grad().to(torch::kDouble) - want_dx).abs().max().item<double>(),
             std::ldexp(1.0, -8) * want_dx.abs().max().item<double>());
-  if (bf16_weight_grad_uses_mkl()) {
+  if (bf16_products_in_mllm()) {
     CpuBf16Autocast autocast;
     auto z = linear_relu(layer, x);
     z.mul_(2);
@@ -725,13 +763,13 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
       want_dx += g2.mm(bf(layer->weight.detach()));
       const auto dw = layer->weight.grad().to(torch::kDouble);
       const auto dw_err = (dw - g2.t().mm(x2)).abs();
-      if (bf16_weight_grad_uses_mkl())
+      if (bf16_products_in_mllm())
         EXPECT_TRUE(dw_err.le(float32_gemm_bound(g2.abs().t().mm(x2.abs()), 60)).all().item<bool>()) << i;
       else
         EXPECT_LE(dw_err.max().item<double>(), std::ldexp(1.0, -7) * g2.t().mm(x2).abs().max().item<double>());
       if (bias) {
         const auto db_err = (layer->bias.grad().to(torch::kDouble) - g2.sum(0)).abs();
-        if (bf16_weight_grad_uses_mkl())
+        if (bf16_products_in_mllm())
           EXPECT_TRUE(db_err.le(float32_gemm_bound(g2.abs().sum(0), 60)).all().item<bool>()) << i;
         else
           EXPECT_LE(db_err.max().item<double>(), std::ldexp(1.0, -7) * g2.sum(0).abs().max().item<double>());
@@ -740,14 +778,14 @@ TEST(Linear, FusedLinearsEqualSeparateLinears) {
     // (Fused, the unread output's layer gets zeros; as separate layers, where oneMKL's bf16 GEMM
     // is not in use, no gradient at all.)
     const auto zero_or_none = [](const torch::Tensor& grad) {
-      return bf16_weight_grad_uses_mkl() ? grad.defined() && grad.eq(0).all().item<bool>()
+      return bf16_products_in_mllm() ? grad.defined() && grad.eq(0).all().item<bool>()
                                          : !grad.defined() || grad.eq(0).all().item<bool>();
     };
     EXPECT_TRUE(zero_or_none(layers[1]->weight.grad()));
     if (bias) EXPECT_TRUE(zero_or_none(layers[1]->bias.grad()));
     ASSERT_EQ(x.grad().scalar_type(), torch::kFloat);
     const auto dx_err = (x.grad().to(torch::kDouble).reshape({60, 32}) - want_dx).abs();
-    if (bf16_weight_grad_uses_mkl()) {
+    if (bf16_products_in_mllm()) {
       // One float32 product over the gradients side by side (80 terms, output 1's zeros
       // included), not rounded to bf16.
       auto terms = torch::zeros({60, 32}, torch::kDouble);
@@ -808,7 +846,7 @@ std::vector<torch::Tensor> linears_grads(std::vector<torch::nn::Linear>& layers,
 // order, or with a gap between them, are concatenated, with the same values as their copies.
 // (Only where linears is one fused product: oneMKL's bf16 GEMM in use.)
 TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
-  if (!bf16_weight_grad_uses_mkl())
+  if (!bf16_products_in_mllm())
     GTEST_SKIP() << "linears is not fused here (no oneMKL bf16 GEMM)";
   torch::manual_seed(14);
   const std::vector<int64_t> outs{48, 16, 16};
