@@ -517,6 +517,16 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g) {
 }
 
 namespace {
+// The forward of Bf16Linear outside grad mode (evaluation, generation, activation checkpointing's
+// first pass): the same values as in training, so that a checkpointed block's recomputation
+// gives its first pass's activations.
+torch::Tensor forward_no_grad(const torch::Tensor& x, const torch::Tensor& w16,
+                              const std::optional<torch::Tensor>& b16, bool relu) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  return forward_bf16(x.scalar_type() == torch::kBFloat16 ? x : x.to(torch::kBFloat16), w16, b16,
+                      relu);
+}
+
 // Autocast's cached bf16 copy of a float32 parameter (one per tensor while the cache lives),
 // detached: its own cast node never runs, the gradient reaches the parameter in float32.
 torch::Tensor cached_bf16(const torch::Tensor& t) {
@@ -526,20 +536,19 @@ torch::Tensor cached_bf16(const torch::Tensor& t) {
 
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias, bool relu) {
-  MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linear is for training (grad mode)");
   MLLM_CHECK(x.is_cpu() && weight.is_cpu(), "bf16_autocast_linear: CPU tensors only");
   std::optional<torch::Tensor> b, b16;
   if (bias.defined()) {
     b = bias;
     b16 = cached_bf16(bias);
   }
+  if (!torch::GradMode::is_enabled()) return forward_no_grad(x, cached_bf16(weight), b16, relu);
   return Bf16Linear::apply(x, weight, b, cached_bf16(weight), b16, relu);
 }
 
 std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
                                                  const std::vector<torch::Tensor>& weights,
                                                  const std::vector<torch::Tensor>& biases) {
-  MLLM_CHECK(torch::GradMode::is_enabled(), "bf16_autocast_linears is for training (grad mode)");
   MLLM_CHECK(!weights.empty() && (biases.empty() || biases.size() == weights.size()),
              "bf16_autocast_linears: one bias per weight, or none");
   std::vector<torch::Tensor> w16, b16;
@@ -557,6 +566,11 @@ std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
   MLLM_CHECK(x.is_cpu(), "bf16_autocast_linears: CPU tensors only");
   std::optional<torch::Tensor> bcat;
   if (!b16.empty()) bcat = at::cat(b16);
+  if (!torch::GradMode::is_enabled()) {
+    std::vector<int64_t> outs;
+    for (const auto& w : weights) outs.push_back(w.size(0));
+    return forward_no_grad(x, at::cat(w16), bcat, /*relu=*/false).split_with_sizes(outs, -1);
+  }
   return Bf16Linears::apply(x, at::TensorList(weights), at::TensorList(biases), at::cat(w16),
                             bcat);
 }

@@ -119,7 +119,7 @@ torch::Tensor bias_grad_float32(const torch::Tensor& g);
 // widens both operands to float32). Throws mllm::Error for other dtypes, shapes or devices.
 torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 
-// y = x @ weight^T + bias under CPU bf16 autocast, for training, or max(0, y) with `relu`:
+// y = x @ weight^T + bias under CPU bf16 autocast, or max(0, y) with `relu`:
 //   x [..., in] float32 or bf16 (cast to bf16 as autocast would), weight [out, in] float32,
 //   bias [out] float32 or undefined -> y [..., out] bf16.
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
@@ -127,10 +127,12 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 // Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
 // x's dtype (float32 x: a float32 result from bf16_gemm_f32() where the sizes fit its int, else
 // ATen's bf16 mm cast; bf16 x: ATen's bf16 mm, or under kSgemm the float32 product rounded to
-// bf16 once), the weight gradient in
-// float32 (weight_grad_float32), the bias gradient in float32 (bias_grad_float32). The output is
-// saved for the backward with `relu`: modifying it in place then makes the backward throw
-// (autograd's version check). Requires grad mode and CPU tensors; throws mllm::Error otherwise.
+// bf16 once), the weight gradient in float32 (weight_grad_float32), the bias gradient in float32
+// (bias_grad_float32). The output is saved for the backward with `relu`: modifying it in place
+// then makes the backward throw (autograd's version check). Outside grad mode (evaluation,
+// generation, activation checkpointing's first pass) the same forward without autograd, so that
+// a checkpointed block's recomputation gives its first pass's values. Requires CPU tensors;
+// throws mllm::Error otherwise.
 torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias, bool relu = false);
 
@@ -144,8 +146,8 @@ torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& 
 // leaves dq, dk, dv; else concatenated) — the layers' input gradients summed inside the GEMM in
 // float32, returned in float32 for a float32 x as bf16_autocast_linear does, else rounded to
 // bf16 once — and one float32 weight-gradient product and one bias sum, split back to the
-// layers (weight_grad_float32, bias_grad_float32). Throws mllm::Error outside grad mode,
-// for non-CPU tensors, differing in-features, a bias count other than 0 or weights.size(), or a
+// layers (weight_grad_float32, bias_grad_float32). Outside grad mode: the same forward without
+// autograd. Throws mllm::Error for non-CPU tensors, differing in-features, a bias count other than 0 or weights.size(), or a
 // bias that is not [out_i].
 std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
                                                  const std::vector<torch::Tensor>& weights,

@@ -1,6 +1,6 @@
 // Attention on the CPU as one kernel, for bf16 q/k/v (bf16 autocast) and for float32 ones.
 // Forward, per (batch, query head) and block of 128 queries: the scores as one oneMKL product
-// with a float32 result (cblas_gemm_bf16bf16f32 for bf16, sgemm for float32) over the keys the
+// with a float32 result (bf16_gemm_f32() for bf16, sgemm for float32) over the keys the
 // block can see, the mask, softmax and dropout in one pass over the rows while they are in
 // cache, and the weighted sum of values as a second product written into the [batch, seq,
 // d_model] layout the output projection reads. Backward, per (batch, query head): the same
@@ -28,9 +28,10 @@
 
 namespace mllm {
 
-// Whether cpu_attention runs here for q/k/v of `dtype`: bf16 where oneMKL's bf16 GEMM is in use
-// (mkl_gemm_bf16bf16f32(), bf16_linear.h: a CPU with AMX-BF16, or avx512_bf16 with
-// MLLM_BF16_WEIGHT_GRAD=mkl; never with MLLM_BF16_WEIGHT_GRAD=aten); float32 where an sgemm_
+// Whether cpu_attention runs here for q/k/v of `dtype`: bf16 where mllm's bf16 products run
+// (bf16_gemm_f32(), bf16_linear.h: oneMKL's bf16 GEMM on a CPU with AMX-BF16 or with
+// MLLM_BF16_GEMM=mkl, or float32 sgemm on widened operands where the bf16 GEMM is slow or with
+// MLLM_BF16_GEMM=sgemm; never with MLLM_BF16_GEMM=aten); float32 where an sgemm_
 // is found through libtorch_cpu.so (oneMKL's in the x86-64 wheels; mkl_gemm.h); no other
 // dtype.
 bool cpu_attention_available(torch::ScalarType dtype);

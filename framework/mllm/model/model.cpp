@@ -123,11 +123,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 namespace {
-// Whether linear goes through bf16_autocast_linear (model.h).
+// Whether linear goes through bf16_autocast_linear (model.h): in training, and outside grad mode
+// (so that evaluation and a checkpointed block's first pass compute what training does).
 bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   const torch::Tensor& w = layer->weight;
-  return torch::GradMode::is_enabled() && x.is_cpu() && w.scalar_type() == torch::kFloat &&
-         w.requires_grad() && at::autocast::is_autocast_enabled(at::kCPU) &&
+  return (!torch::GradMode::is_enabled() || w.requires_grad()) && x.is_cpu() &&
+         w.scalar_type() == torch::kFloat && at::autocast::is_autocast_enabled(at::kCPU) &&
          at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
          bf16_products_in_mllm();
 }

@@ -161,9 +161,9 @@ void register_builtin_models();
 // separate bias add, so bf16 autocast sees a view of the weight, which it cannot cache, and
 // casts every weight again on every call; through linear it casts weight and bias once per
 // optimizer step (docs/precision.md). Training under CPU bf16 autocast (grad mode on, a float32
-// weight that requires grad) on a CPU where bf16_weight_grad_uses_mkl() goes through
-// bf16_autocast_linear (bf16_linear.h): the same forward values, the weight gradient computed in
-// float32 by oneMKL. float32 on the CPU outside autocast goes through f32_linear (f32_linear.h):
+// weight that requires grad) on a CPU where bf16_products_in_mllm() goes through
+// bf16_autocast_linear (bf16_linear.h): the same forward values (bit for bit with oneMKL's bf16
+// GEMM; summed in another float32 order on the sgemm path), the weight gradient in float32. float32 on the CPU outside autocast goes through f32_linear (f32_linear.h):
 // the same values bit for bit without addmm's broadcast copy of the bias. Errors: as
 // torch::linear's (c10::Error), or mllm::Error for mismatched shapes on the float32 CPU path.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);

@@ -541,10 +541,10 @@ void expect_sgemm_product(const torch::Tensor& got, const torch::Tensor& want,
 // At the small benchmark's shapes (2048 rows; 512 -> 512 x 3, 512 -> 2048 with ReLU, 2048 ->
 // 512), the fused forward paths under bf16 autocast with grad mode — one product for Q/K/V
 // (linears), oneDNN's bias and ReLU (linear, linear_relu) — equal autocast's own linear and ReLU
-// bit for bit, as LibTorch computes them without grad mode (activation checkpointing's first
-// forward pass takes that path and its recomputation the fused one). Under kSgemm (float32
-// sgemm on widened operands) they are the same products summed in another order:
-// expect_sgemm_product.
+// bit for bit. Outside grad mode mllm's layers give the same bits as in it (evaluation, and
+// activation checkpointing's first pass, which its recomputation must repeat). Under kSgemm
+// (float32 sgemm on widened operands) they are the same products as autocast's summed in another
+// order: expect_sgemm_product.
 TEST(Linear, FusedForwardsEqualAutocastAtModelShapes) {
   torch::manual_seed(12);
   std::vector<torch::nn::Linear> qkv{torch::nn::Linear(512, 512), torch::nn::Linear(512, 512),
@@ -556,6 +556,11 @@ TEST(Linear, FusedForwardsEqualAutocastAtModelShapes) {
   auto h = linear_relu(fc1, x);
   auto out = linear(fc2, h);
   torch::NoGradGuard no_grad;
+  // Outside grad mode mllm's layers give the same bits (evaluation, and activation
+  // checkpointing's first pass, which its recomputation in grad mode must repeat).
+  EXPECT_TRUE(torch::equal(linears(qkv, x)[1], got[1]));
+  EXPECT_TRUE(torch::equal(linear_relu(fc1, x), h));
+  EXPECT_TRUE(torch::equal(linear(fc2, h), out));
   const bool sgemm = bf16_gemm_path() == Bf16GemmPath::kSgemm;
   for (size_t i = 0; i < qkv.size(); ++i) {
     const auto want = torch::linear(x, qkv[i]->weight, qkv[i]->bias);
