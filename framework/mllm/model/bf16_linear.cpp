@@ -463,6 +463,11 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
                          g.sizes(), " ", g.scalar_type(), " and ", x.sizes(), " ", x.scalar_type()));
   const int64_t rows = g.size(0), out = g.size(1), in = x.size(1);
   const GemmBf16Bf16F32 gemm = own_gemm();
+  if (sgemm_path() && g.is_cpu() && x.is_cpu()) {
+    // ATen's float32 mm on widened tensors: no thread-local scratch of the operands' size.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return at::mm(widened(g).t(), widened(x));
+  }
   if (gemm == nullptr || !g.is_cpu() || !x.is_cpu() || rows > INT_MAX || out > INT_MAX ||
       in > INT_MAX)
     return at::mm(g.t(), x).to(torch::kFloat);

@@ -90,7 +90,8 @@ GemmBf16Bf16F32 bf16_gemm_f32();
 
 // The same product as cblas_gemm_bf16bf16f32 (row-major only: layout is not read) through
 // oneMKL's float32 sgemm: op(A) and op(B) widened to float32 into this thread's scratch buffers
-// (m k and k n floats, kept for the thread's next call), then one sgemm. Widens in parallel
+// (m k and k n floats, kept for the thread's next call: meant for the fused attention's
+// per-block products; the linear layers widen into tensors), then one sgemm. Widens in parallel
 // (at::parallel_for) when called outside a parallel region. Requires mkl_sgemm_available()
 // (mkl_gemm.h).
 void sgemm_on_widened_bf16(int layout, int transa, int transb, int m, int n, int k, float alpha,
