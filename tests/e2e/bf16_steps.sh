@@ -45,6 +45,13 @@ for path in aten sgemm; do
   MLLM_BF16_GEMM=$path train 1 "$WORK/$path" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
     > "$WORK/$path.log" 2>&1 || { tail "$WORK/$path.log"; fail "bf16 run with MLLM_BF16_GEMM=$path"; }
 done
+# The sgemm path under activation checkpointing: the recomputation repeats the first pass (which
+# runs without grad mode) bit for bit, as on the default path above.
+MLLM_BF16_GEMM=sgemm train 1 "$WORK/sgemm_ckpt" "${common[@]}" train.micro_batch=4 \
+  train.precision=bf16 model.activation_checkpointing=every_n model.checkpoint_every=2 \
+  > "$WORK/sgemm_ckpt.log" 2>&1 || { tail "$WORK/sgemm_ckpt.log"; fail "sgemm run with activation checkpointing"; }
+[ "$(field "$WORK/sgemm_ckpt/metrics.jsonl" loss)" = "$(field "$WORK/sgemm/metrics.jsonl" loss)" ] ||
+  fail "activation checkpointing changed the sgemm path's losses"
 grep -q "bf16 products: ATen's bf16 products" "$WORK/aten/logs/rank_00.log" ||
   fail "MLLM_BF16_GEMM=aten: no start-up line for ATen's path"
 grep -q "bf16 products: oneMKL's float32 sgemm on the bf16 operands widened" "$WORK/sgemm/logs/rank_00.log" ||

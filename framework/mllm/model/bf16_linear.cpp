@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,59 +44,58 @@ struct GemmChoice {
   std::string why;  // for the log: which path, and why
 };
 
-// Decides from MLLM_BF16_GEMM, the CPU and (when measured: both > 0) the GEMM rates.
+// Decides from MLLM_BF16_GEMM, the CPU and (when measured: both > 0) the GEMM rates, then looks
+// the functions up.
 GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
   if (std::getenv("MLLM_BF16_WEIGHT_GRAD") != nullptr)
     throw ConfigError("MLLM_BF16_WEIGHT_GRAD was renamed MLLM_BF16_GEMM (mkl, sgemm or aten; "
                       "docs/precision.md): unset it");
   const char* env = std::getenv("MLLM_BF16_GEMM");
   const std::string value = env != nullptr ? env : "";
-  if (value != "" && value != "mkl" && value != "sgemm" && value != "aten")
-    throw ConfigError("MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not '" + value + "'");
-  GemmChoice c;
-  if (value == "aten") {
-    c.why = "MLLM_BF16_GEMM=aten";
-    return c;
-  }
   const CpuIsa isa = detect_cpu_isa();
+  const Bf16GemmPath want =
+      wanted_bf16_gemm_path(value, isa.amx_bf16, isa.avx512_bf16, bf16_flops, fp32_flops);
   const bool measured = bf16_flops > 0 && fp32_flops > 0;
-  const auto take_sgemm = [&](std::string why) {
-    if (!mkl_sgemm_available()) {
-      c.why = "libtorch_cpu.so exports no sgemm_ for the float32 path (" + why + ")";
-      return;
+  const std::string ratio =
+      measured ? fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one",
+                             bf16_flops / fp32_flops)
+               : "";
+  GemmChoice c;
+  switch (want) {
+    case Bf16GemmPath::kSgemm:
+      c.why = value == "sgemm" ? "MLLM_BF16_GEMM=sgemm" : ratio;
+      if (!mkl_sgemm_available()) {
+        c.why = "libtorch_cpu.so exports no sgemm_ for the float32 path (" + c.why + ")";
+        return c;
+      }
+      c.path = Bf16GemmPath::kSgemm;
+      c.gemm = &sgemm_on_widened_bf16;
+      return c;
+    case Bf16GemmPath::kMkl: {
+      // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
+      void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
+      if (torch_cpu != nullptr)
+        c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
+      if (c.gemm == nullptr) {
+        c.why = "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
+        return c;
+      }
+      c.path = Bf16GemmPath::kMkl;
+      c.why = value == "mkl" ? "MLLM_BF16_GEMM=mkl" : "this CPU has AMX-BF16";
+      return c;
     }
-    c.path = Bf16GemmPath::kSgemm;
-    c.gemm = &sgemm_on_widened_bf16;
-    c.why = std::move(why);
-  };
-  if (value == "sgemm") {
-    take_sgemm("MLLM_BF16_GEMM=sgemm");
-    return c;
+    case Bf16GemmPath::kAten:
+      break;
   }
-  if (value == "" && !isa.amx_bf16) {
-    if (measured && bf16_flops < kSgemmBelowRatio * fp32_flops)
-      take_sgemm(fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one",
-                             bf16_flops / fp32_flops));
-    else
-      c.why = measured ? fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one, and "
-                                     "this CPU has no AMX (MLLM_BF16_GEMM=mkl tries oneMKL's "
-                                     "bf16 GEMM with avx512_bf16 alone)",
-                                     bf16_flops / fp32_flops)
-                       : "no AMX, and no measured GEMM rates (MLLM_BF16_GEMM=mkl or sgemm "
-                         "chooses)";
-    return c;
-  }
-  if (!(isa.avx512_bf16 || isa.amx_bf16)) {
-    c.why = "MLLM_BF16_GEMM=mkl: this CPU has no bf16 units";
-    return c;
-  }
-  // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
-  void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
-  if (torch_cpu != nullptr)
-    c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
-  if (c.gemm != nullptr) c.path = Bf16GemmPath::kMkl;
-  c.why = c.gemm != nullptr ? (value == "mkl" ? "MLLM_BF16_GEMM=mkl" : "this CPU has AMX-BF16")
-                            : "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
+  if (value == "aten")
+    c.why = "MLLM_BF16_GEMM=aten";
+  else if (value == "mkl")
+    c.why = "MLLM_BF16_GEMM=mkl, but this CPU has no bf16 units";
+  else if (measured)
+    c.why = ratio + ", and this CPU has no AMX (MLLM_BF16_GEMM=mkl tries oneMKL's bf16 GEMM "
+                    "with avx512_bf16 alone)";
+  else
+    c.why = "no AMX, and no measured GEMM rates (MLLM_BF16_GEMM=mkl or sgemm chooses)";
   return c;
 }
 
@@ -358,8 +358,8 @@ class Bf16Linear : public torch::autograd::Function<Bf16Linear> {
 // dimension (views of one [..., sum out_i] tensor). Backward: the outputs' gradients side by
 // side ([rows, sum out_i], zeros for an unused output; side_by_side: read in place where they
 // already lie so), one input-gradient product (the sum of the layers' input gradients,
-// accumulated inside the GEMM in float32: kept in float32 for a float32 x where oneMKL's GEMM
-// is in use, else rounded once to bf16, instead of one rounded product per layer summed
+// accumulated inside the GEMM in float32: kept in float32 for a float32 x where mllm's bf16
+// products run, else rounded once to bf16, instead of one rounded product per layer summed
 // afterwards), one float32 weight-gradient product and one bias sum, split back to the layers.
 class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
  public:
@@ -427,6 +427,44 @@ bool bf16_products_in_mllm() { return own_gemm() != nullptr; }
 
 GemmBf16Bf16F32 bf16_gemm_f32() { return own_gemm(); }
 
+Bf16GemmPath wanted_bf16_gemm_path(const std::string& env, bool amx_bf16, bool avx512_bf16,
+                                   double bf16_flops, double fp32_flops) {
+  if (env != "" && env != "mkl" && env != "sgemm" && env != "aten")
+    throw ConfigError("MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not '" + env + "'");
+  if (env == "aten") return Bf16GemmPath::kAten;
+  if (env == "sgemm") return Bf16GemmPath::kSgemm;
+  if (env == "mkl") return amx_bf16 || avx512_bf16 ? Bf16GemmPath::kMkl : Bf16GemmPath::kAten;
+  if (amx_bf16) return Bf16GemmPath::kMkl;
+  if (bf16_flops > 0 && fp32_flops > 0 && bf16_flops < kSgemmBelowRatio * fp32_flops)
+    return Bf16GemmPath::kSgemm;
+  return Bf16GemmPath::kAten;
+}
+
+namespace {
+// A thread's scratch for one widened operand: 64-byte aligned whatever the thread's history
+// (oneMKL documents results that may depend on the operands' alignment outside its
+// conditional-numerical-reproducibility mode; c10's tensors are 64-byte aligned too), grown as
+// needed and kept for the thread's next call.
+class AlignedScratch {
+ public:
+  ~AlignedScratch() { std::free(p_); }
+  float* get(size_t floats) {
+    if (floats > size_) {
+      std::free(p_);
+      size_ = 0;
+      p_ = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
+      if (p_ == nullptr) throw std::bad_alloc();
+      size_ = floats;
+    }
+    return p_;
+  }
+
+ private:
+  float* p_ = nullptr;
+  size_t size_ = 0;
+};
+}  // namespace
+
 void sgemm_on_widened_bf16(int /*layout: row-major*/, int transa, int transb, int m, int n, int k,
                            float alpha, const void* a, int lda, const void* b, int ldb, float beta,
                            float* c, int ldc) {
@@ -434,13 +472,14 @@ void sgemm_on_widened_bf16(int /*layout: row-major*/, int transa, int transb, in
   const bool ta = transa == cblas::kTrans, tb = transb == cblas::kTrans;
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
   const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-  thread_local std::vector<float> a32, b32;
-  a32.resize(static_cast<size_t>(a_rows * a_cols));
-  b32.resize(static_cast<size_t>(b_rows * b_cols));
-  widen(static_cast<const uint16_t*>(a), a_rows, a_cols, lda, a32.data());
-  widen(static_cast<const uint16_t*>(b), b_rows, b_cols, ldb, b32.data());
-  mkl_sgemm_row_major(ta, tb, m, n, k, alpha, a32.data(), static_cast<int>(a_cols), b32.data(),
-                      static_cast<int>(b_cols), beta, c, ldc);
+  thread_local AlignedScratch a_scratch, b_scratch;
+  float* a32 = a_scratch.get(static_cast<size_t>(a_rows * a_cols));
+  float* b32 = b_scratch.get(static_cast<size_t>(b_rows * b_cols));
+  widen(static_cast<const uint16_t*>(a), a_rows, a_cols, lda, a32);
+  widen(static_cast<const uint16_t*>(b), b_rows, b_cols, ldb, b32);
+  // (A leading dimension of at least 1, as sgemm_ requires even for an empty operand.)
+  mkl_sgemm_row_major(ta, tb, m, n, k, alpha, a32, static_cast<int>(std::max<int64_t>(1, a_cols)),
+                      b32, static_cast<int>(std::max<int64_t>(1, b_cols)), beta, c, ldc);
 }
 
 std::string describe_bf16_gemm() {

@@ -8,8 +8,8 @@
 // result; the oneMKL reference, "cblas_gemm_bf16bf16f32") runs it at ~2 TFLOP/s and writes the
 // float32 gradient directly: no bf16 rounding of the gradient, and no cast.
 //
-// Used by mllm::linear and mllm::linear_relu (model.h) while grad mode and CPU bf16 autocast are
-// on. The forward pass runs on the autocast-cached bf16 weight and bias and gives autocast's
+// Used by mllm::linear and mllm::linear_relu (model.h) while CPU bf16 autocast is on, in grad
+// mode and outside it. The forward pass runs on the autocast-cached bf16 weight and bias and gives autocast's
 // values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
 // (mkldnn::_linear_pointwise: the bias, and the ReLU of linear_relu, applied to the float32
 // accumulator, without addmm's copy of the broadcast bias into the output and without a
@@ -50,8 +50,8 @@ namespace mllm {
 //           5-10% of a product, bench/README.md); MLLM_BF16_GEMM=sgemm forces it.
 //   kAten:  none: mllm::linear, linear_relu and linears are autocast's linear layers (ATen's
 //           bf16 products; none of the fused paths below, nor the fused bf16 attention), and
-//           weight_grad_float32 and bias_grad_float32 fall back to ATen's bf16 mm (one rounding
-//           to bf16) cast to float32. Elsewhere, and with MLLM_BF16_GEMM=aten.
+//           weight_grad_float32 falls back to ATen's bf16 mm (one rounding to bf16) cast to
+//           float32, bias_grad_float32 to ATen's sum. Elsewhere, and with MLLM_BF16_GEMM=aten.
 // MLLM_BF16_GEMM takes mkl, sgemm or aten; a path this process cannot take (mkl without bf16
 // units or without the oneMKL symbol, sgemm without an sgemm_) falls back to kAten, and
 // describe_bf16_gemm says why.
@@ -64,9 +64,17 @@ Bf16GemmPath bf16_gemm_path();
 // Decides the path from the measured GEMM rates of this job's CPUs (FLOP/s, bf16 and fp32 at the
 // thread count the run trains with; 0 where not measured) unless it is already decided, and
 // returns the path in use. The trainer calls it at start-up before the model's first product,
-// with the job-wide rates every rank shares, so that all ranks take the same path. Throws as
+// with the job-wide rates every rank shares, and stops (ConfigError) if the ranks still differ
+// (MLLM_BF16_GEMM set differently, or CPUs with and without AMX in one job). Throws as
 // bf16_gemm_path.
 Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops);
+
+// The path the decision above wants (before the functions are looked up: bf16_gemm_path falls
+// back to kAten where libtorch_cpu.so lacks one), as a function of its inputs: env =
+// MLLM_BF16_GEMM's value ("" when unset), the CPU's amx_bf16 and avx512_bf16 flags, and the
+// measured GEMM rates in FLOP/s (0 when not measured). Throws mllm::ConfigError for another env.
+Bf16GemmPath wanted_bf16_gemm_path(const std::string& env, bool amx_bf16, bool avx512_bf16,
+                                   double bf16_flops, double fp32_flops);
 
 // Whether mllm's own bf16 training products run (kMkl or kSgemm), rather than autocast's.
 // Throws as bf16_gemm_path.
@@ -98,9 +106,9 @@ void sgemm_on_widened_bf16(int layout, int transa, int transb, int m, int n, int
                            const void* a, int lda, const void* b, int ldb, float beta, float* c,
                            int ldc);
 
-// The decision in words, for the start-up log ("oneMKL's cblas_gemm_bf16bf16f32 ...",
-// "float32 sgemm on widened bf16 operands: ...", "ATen's bf16 products: <why>"). Throws as
-// bf16_gemm_path.
+// The decision in words, for the start-up log ("oneMKL's cblas_gemm_bf16bf16f32 (float32
+// results): <why>", "oneMKL's float32 sgemm on the bf16 operands widened to float32: <why>",
+// "ATen's bf16 products (autocast's linear layers): <why>"). Throws as bf16_gemm_path.
 std::string describe_bf16_gemm();
 
 // g [rows, out] bf16, x [rows, in] bf16 -> [out, in] float32 = g^T @ x (the weight gradient of
@@ -148,8 +156,8 @@ torch::Tensor bf16_autocast_linear(const torch::Tensor& x, const torch::Tensor& 
 // float32, returned in float32 for a float32 x as bf16_autocast_linear does, else rounded to
 // bf16 once — and one float32 weight-gradient product and one bias sum, split back to the
 // layers (weight_grad_float32, bias_grad_float32). Outside grad mode: the same forward without
-// autograd. Throws mllm::Error for non-CPU tensors, differing in-features, a bias count other than 0 or weights.size(), or a
-// bias that is not [out_i].
+// autograd. Throws mllm::Error for non-CPU tensors, differing in-features, a bias count other
+// than 0 or weights.size(), or a bias that is not [out_i].
 std::vector<torch::Tensor> bf16_autocast_linears(const torch::Tensor& x,
                                                  const std::vector<torch::Tensor>& weights,
                                                  const std::vector<torch::Tensor>& biases);

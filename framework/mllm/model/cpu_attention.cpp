@@ -38,7 +38,8 @@ void sgemm_row_major(int /*layout: row-major*/, int transa, int transb, int m, i
 
 // The kernel's two element types: the probabilities, the gradients of the scores, q/k/v, the
 // output and its gradients are all of one. Bf16: bit patterns (uint16_t), the products from
-// oneMKL's cblas_gemm_bf16bf16f32, each value rounded once from float32. F32: float, the
+// bf16_gemm_f32() (oneMKL's cblas_gemm_bf16bf16f32, or sgemm on the widened operands:
+// bf16_linear.h), each value rounded once from float32. F32: float, the
 // products from oneMKL's sgemm, nothing rounded.
 struct Bf16 {
   using T = uint16_t;
@@ -592,7 +593,7 @@ torch::Tensor cpu_attention(const torch::Tensor& q, const torch::Tensor& k, cons
              "hd] of q's dtype and a bool mask [b or 1, 1, t, keys] with hd and keys even");
   MLLM_CHECK(cpu_attention_available(q.scalar_type()),
              q.scalar_type() == torch::kBFloat16
-                 ? "cpu_attention: oneMKL's bf16 GEMM is not in use"
+                 ? "cpu_attention: mllm's bf16 products are not in use (bf16_linear.h)"
                  : "cpu_attention: LibTorch's libtorch_cpu.so exports no sgemm_");
   const torch::Tensor mask = blocked.contiguous();
   const double drop = training ? p : 0.0;

@@ -126,7 +126,8 @@ torch::Tensor Llama::forward_cached(const torch::Tensor& tokens, KVCache& cache)
 }
 
 torch::Tensor Llama::logits(const torch::Tensor& x) {
-  return options_.tie_embeddings ? torch::linear(x, tok_emb->weight) : linear(lm_head, x);
+  return options_.tie_embeddings ? linear(x, tok_emb->weight, torch::Tensor())
+                                 : linear(lm_head, x);
 }
 
 torch::Tensor Llama::forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) {

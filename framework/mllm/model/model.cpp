@@ -125,25 +125,31 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 namespace {
 // Whether linear goes through bf16_autocast_linear (model.h): in training, and outside grad mode
 // (so that evaluation and a checkpointed block's first pass compute what training does).
+bool bf16_own_linear(const torch::Tensor& weight, const torch::Tensor& x) {
+  return x.is_cpu() && weight.is_cpu() && weight.scalar_type() == torch::kFloat &&
+         at::autocast::is_autocast_enabled(at::kCPU) &&
+         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 && bf16_products_in_mllm();
+}
 bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  const torch::Tensor& w = layer->weight;
-  return (!torch::GradMode::is_enabled() || w.requires_grad()) && x.is_cpu() &&
-         w.scalar_type() == torch::kFloat && at::autocast::is_autocast_enabled(at::kCPU) &&
-         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
-         bf16_products_in_mllm();
+  return bf16_own_linear(layer->weight, x);
 }
 }  // namespace
 
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
+  if (bf16_own_linear(weight, x)) return bf16_autocast_linear(x, weight, bias);
+  if (f32_cpu_linear(x, weight)) return f32_linear(x, weight, bias);
+  return torch::linear(x, weight, bias);
+}
+
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  if (bf16_training_linear(layer, x)) return bf16_autocast_linear(x, layer->weight, layer->bias);
-  if (f32_cpu_linear(x, layer->weight)) return f32_linear(x, layer->weight, layer->bias);
-  return torch::linear(x, layer->weight, layer->bias);
+  return linear(x, layer->weight, layer->bias);
 }
 
 torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
                         const torch::Tensor& bias, const torch::Tensor& targets) {
   if (lm_head_loss_fusable(x, weight)) return lm_head_loss_sum(x, weight, bias, targets);
-  return lm_loss_sum(torch::linear(x, weight, bias), targets);
+  return lm_loss_sum(linear(x, weight, bias), targets);
 }
 
 torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,

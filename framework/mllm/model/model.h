@@ -160,18 +160,22 @@ void register_builtin_models();
 // of layer(x): the C++ frontend's Linear::forward decomposes into matmul(x, weight.t()) plus a
 // separate bias add, so bf16 autocast sees a view of the weight, which it cannot cache, and
 // casts every weight again on every call; through linear it casts weight and bias once per
-// optimizer step (docs/precision.md). Training under CPU bf16 autocast (grad mode on, a float32
-// weight that requires grad) on a CPU where bf16_products_in_mllm() goes through
-// bf16_autocast_linear (bf16_linear.h): the same forward values (bit for bit with oneMKL's bf16
-// GEMM; summed in another float32 order on the sgemm path), the weight gradient in float32. float32 on the CPU outside autocast goes through f32_linear (f32_linear.h):
-// the same values bit for bit without addmm's broadcast copy of the bias. Errors: as
-// torch::linear's (c10::Error), or mllm::Error for mismatched shapes on the float32 CPU path.
+// optimizer step (docs/precision.md). Under CPU bf16 autocast (a float32 weight, in grad mode
+// and outside it) on a CPU where bf16_products_in_mllm() it goes through bf16_autocast_linear
+// (bf16_linear.h): the same forward values (bit for bit on oneMKL's bf16 GEMM path; summed in
+// another float32 order on the sgemm path), the weight gradient in float32. float32 on the CPU
+// outside autocast goes through f32_linear (f32_linear.h): the same values bit for bit without
+// addmm's broadcast copy of the bias. Errors: as torch::linear's (c10::Error), or mllm::Error
+// for mismatched shapes on the float32 CPU path.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
+// The same for a weight [out, in] and a bias [out] (or undefined) that are not a Linear's, such
+// as llama's tied head (the token embedding's weight).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
 // seq] int64 -> [] float32: lm_head_loss_sum(x, weight, bias, targets) where
 // lm_head_loss_fusable(x, weight) (float32 on the CPU outside autocast), else
-// lm_loss_sum(torch::linear(x, weight, bias), targets). bias may be undefined. Same errors as
+// lm_loss_sum(linear(x, weight, bias), targets). bias may be undefined. Same errors as
 // those.
 torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
                         const torch::Tensor& bias, const torch::Tensor& targets);
@@ -181,9 +185,9 @@ torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
                         const torch::Tensor& targets);
 
 // relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
-// op (bf16_autocast_linear with relu: oneDNN applies the ReLU to the float32 accumulator before
-// rounding, which equals rounding first, as ReLU commutes with rounding; a NaN pre-activation
-// gives 0 there instead of NaN); on the float32 CPU path f32_linear with relu (the ReLU in place
+// op (bf16_autocast_linear with relu: oneDNN, or the sgemm path's rounding pass, applies the
+// ReLU to the float32 accumulator before rounding, which equals rounding first, as ReLU commutes
+// with rounding; a NaN pre-activation gives 0 with oneDNN instead of NaN); on the float32 CPU path f32_linear with relu (the ReLU in place
 // on the product, the same values).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 

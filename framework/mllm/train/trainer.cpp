@@ -654,14 +654,24 @@ void Trainer::measure_peak() {
   std::string how = peak.how;
   bool bf16_on_sgemm = false;
   if (bf16 && device_.is_cpu()) {
-    // Before the first product, from the job-wide rates every rank shares (one path for all).
-    bf16_on_sgemm = choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops) ==
-                    Bf16GemmPath::kSgemm;
+    // Before the first product, from the job-wide rates every rank shares; the ranks must agree
+    // (MLLM_BF16_GEMM and the AMX test are per rank), or the replicas would round differently.
+    const Bf16GemmPath path = choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops);
+    const auto paths = comm_->all_gather(static_cast<int64_t>(path));
+    const auto described = comm_->all_gather(describe_bf16_gemm());
+    for (std::size_t i = 1; i < paths.size(); ++i)
+      if (paths[i] != paths[0])
+        throw ConfigError(fmt::format(
+            "rank {} runs bf16's products with {}, rank 0 with {}: set MLLM_BF16_GEMM alike on "
+            "every rank (docs/precision.md)", i, described[i], described[0]));
+    bf16_on_sgemm = path == Bf16GemmPath::kSgemm;
     // The products then run on the fp32 units: their rate is the peak.
     if (bf16_on_sgemm && peak.cpu_fp32_flops > 0) {
       peak_flops_ = peak.cpu_fp32_flops;
-      how = "the measured fp32 GEMM, which runs bf16's products here (float32 sgemm on widened "
-            "bf16 operands)";
+      std::string measured = peak.how;
+      const auto at = measured.find("measured bf16 GEMM");
+      if (at != std::string::npos) measured.replace(at, 18, "measured fp32 GEMM");
+      how = measured + "; it runs bf16's products here (float32 sgemm on widened bf16 operands)";
     }
   }
   spdlog::info("MFU peak {} = {}", peak_flops_ >= 1e12 ? fmt::format("{:.2f} TFLOP/s", peak_flops_ / 1e12)

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -19,6 +21,7 @@
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
+#include "mllm/model/mkl_gemm.h"
 #include "mllm/model/model.h"
 #include "model_test_util.h"
 
@@ -484,29 +487,6 @@ TEST(Linear, Bf16AutocastCastsEachWeightOnceWhileItsCacheLives) {
   EXPECT_TRUE(torch::equal(y1, y2));
 }
 
-// Under autocast with grad mode, mllm::linear's forward equals autocast's torch::linear bit for
-// bit (2-D and 3-D inputs, with and without a bias), and its output can be modified in place
-// (ReLU in place, then backward) as autocast's can.
-TEST(Linear, Bf16AutocastForwardEqualsAutocastsLinear) {
-  torch::manual_seed(6);
-  for (bool bias : {true, false}) {
-    torch::nn::Linear layer(torch::nn::LinearOptions(24, 40).bias(bias));
-    for (const auto& shape : {std::vector<int64_t>{7, 24}, std::vector<int64_t>{3, 5, 24}}) {
-      auto x = torch::randn(shape, torch::requires_grad());
-      CpuBf16Autocast autocast;
-      auto got = linear(layer, x);
-      auto want = torch::linear(x, layer->weight, layer->bias);
-      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
-      EXPECT_TRUE(torch::equal(got, want)) << "bias " << bias << " dims " << shape.size();
-      got.relu_();
-      got.to(torch::kFloat).sum().backward();
-      EXPECT_TRUE(layer->weight.grad().defined());
-      EXPECT_TRUE(x.grad().defined());
-      layer->zero_grad();
-    }
-  }
-}
-
 // Higham's bound for a float32 sum of n products computed exactly (bf16 x bf16 fits float32):
 // |error| <= n u / (1 - n u) * sum |terms|, u = 2^-24 (Higham, "Accuracy and Stability of
 // Numerical Algorithms", 2nd ed., eq. 3.5). A gradient rounded to bf16 (u = 2^-9) would not
@@ -528,14 +508,41 @@ void expect_sgemm_product(const torch::Tensor& got, const torch::Tensor& want,
   };
   const int64_t in = layer->weight.size(1);
   const auto x2 = bf(x).reshape({-1, in}), w = bf(layer->weight);
-  auto ref = x2.mm(w.t()) + bf(layer->bias);
+  const auto b = layer->bias.defined() ? bf(layer->bias) : torch::zeros({w.size(0)}, torch::kDouble);
+  auto ref = x2.mm(w.t()) + b;
   if (relu) ref = ref.relu();
-  const auto bound = float32_gemm_bound(x2.abs().mm(w.abs().t()) + bf(layer->bias).abs(), in + 1) +
+  const auto bound = float32_gemm_bound(x2.abs().mm(w.abs().t()) + b.abs(), in + 1) +
                      std::ldexp(1.0, -8) * ref.abs();
   const auto err = (got.to(torch::kDouble).reshape(ref.sizes()) - ref).abs();
   EXPECT_TRUE(err.le(bound).all().item<bool>()) << "max error " << err.max().item<double>();
   const double same = got.eq(want).to(torch::kDouble).mean().item<double>();
   EXPECT_GT(same, 0.99) << "equal to autocast's bits: " << same;
+}
+
+// Under autocast with grad mode, mllm::linear's forward equals autocast's torch::linear bit for
+// bit (on the sgemm path: expect_sgemm_product) (2-D and 3-D inputs, with and without a bias), and its output can be modified in place
+// (ReLU in place, then backward) as autocast's can.
+TEST(Linear, Bf16AutocastForwardEqualsAutocastsLinear) {
+  torch::manual_seed(6);
+  for (bool bias : {true, false}) {
+    torch::nn::Linear layer(torch::nn::LinearOptions(24, 40).bias(bias));
+    for (const auto& shape : {std::vector<int64_t>{7, 24}, std::vector<int64_t>{3, 5, 24}}) {
+      auto x = torch::randn(shape, torch::requires_grad());
+      CpuBf16Autocast autocast;
+      auto got = linear(layer, x);
+      auto want = torch::linear(x, layer->weight, layer->bias);
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      if (bf16_gemm_path() == Bf16GemmPath::kSgemm)
+        expect_sgemm_product(got, want, x, layer, false);
+      else
+        EXPECT_TRUE(torch::equal(got, want)) << "bias " << bias << " dims " << shape.size();
+      got.relu_();
+      got.to(torch::kFloat).sum().backward();
+      EXPECT_TRUE(layer->weight.grad().defined());
+      EXPECT_TRUE(x.grad().defined());
+      layer->zero_grad();
+    }
+  }
 }
 
 // At the small benchmark's shapes (2048 rows; 512 -> 512 x 3, 512 -> 2048 with ReLU, 2048 ->
@@ -654,6 +661,105 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
     EXPECT_LE((db - want_db).abs().max().item<double>(),
               std::ldexp(1.0, -7) * want_db.abs().max().item<double>());
   }
+}
+
+// The path decision as a function of MLLM_BF16_GEMM, the CPU's flags and the measured rates
+// (docs/precision.md): AMX -> oneMKL's bf16 GEMM; else the sgemm path below 0.8 of the fp32 rate;
+// else ATen's; the variable overrides; an unknown value is refused. And this process's path
+// follows MLLM_BF16_GEMM where it is set (unit.model_bf16_sgemm sets sgemm).
+TEST(Linear, Bf16GemmPathDecision) {
+  using P = Bf16GemmPath;
+  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 0, 0), P::kMkl);
+  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 100, 300), P::kMkl);   // AMX first
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 320), P::kSgemm);  // 0.50
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, false, 1.4, 93), P::kSgemm);  // no bf16 units
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 79, 100), P::kSgemm);   // 0.79
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100), P::kAten);    // 0.80: not below
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238), P::kAten);   // Zen 4: 3.6
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 0, 0), P::kAten);       // not measured
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 0), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("aten", true, true, 0, 0), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("sgemm", true, true, 900, 100), P::kSgemm);
+  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, true, 160, 320), P::kMkl);
+  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, false, 0, 0), P::kAten);  // no bf16 units
+  EXPECT_THROW(wanted_bf16_gemm_path("fast", true, true, 0, 0), ConfigError);
+  const char* env = std::getenv("MLLM_BF16_GEMM");
+  if (env != nullptr && std::string(env) == "sgemm" && mkl_sgemm_available()) {
+    EXPECT_EQ(bf16_gemm_path(), P::kSgemm);
+    EXPECT_EQ(bf16_gemm_f32(), &sgemm_on_widened_bf16);
+    EXPECT_TRUE(bf16_products_in_mllm());
+  }
+  if (env != nullptr && std::string(env) == "aten") EXPECT_EQ(bf16_gemm_path(), P::kAten);
+}
+
+// sgemm_on_widened_bf16 (the sgemm path's product for the fused attention's blocks), called
+// directly: every transpose combination, leading dimensions wider than the rows, alpha and a
+// beta that keeps C, against float64 of the same bf16 operands within Higham's bound.
+TEST(Linear, SgemmOnWidenedBf16AgainstFloat64) {
+  if (!mkl_sgemm_available()) GTEST_SKIP() << "libtorch_cpu.so exports no sgemm_";
+  torch::manual_seed(21);
+  const int m = 37, n = 29, k = 53, pad = 7;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      // Stored [m, k] or [k, m] (transposed), [k, n] or [n, k], each with `pad` extra columns.
+      const auto a_st = torch::randn({ta ? k : m, (ta ? m : k) + pad}).to(torch::kBFloat16);
+      const auto b_st = torch::randn({tb ? n : k, (tb ? k : n) + pad}).to(torch::kBFloat16);
+      auto c = torch::randn({m, n + pad});
+      const auto c0 = c.to(torch::kDouble);
+      const float alpha = 0.75f, beta = 0.5f;
+      sgemm_on_widened_bf16(cblas::kRowMajor, ta ? cblas::kTrans : cblas::kNoTrans,
+                            tb ? cblas::kTrans : cblas::kNoTrans, m, n, k, alpha,
+                            a_st.const_data_ptr(), static_cast<int>(a_st.size(1)),
+                            b_st.const_data_ptr(), static_cast<int>(b_st.size(1)), beta,
+                            c.data_ptr<float>(), static_cast<int>(c.size(1)));
+      auto a = a_st.to(torch::kDouble).narrow(1, 0, ta ? m : k);
+      auto b = b_st.to(torch::kDouble).narrow(1, 0, tb ? k : n);
+      if (ta) a = a.t();
+      if (tb) b = b.t();
+      const auto want = alpha * a.mm(b) + beta * c0.narrow(1, 0, n);
+      const auto bound =
+          float32_gemm_bound(alpha * a.abs().mm(b.abs()) + beta * c0.narrow(1, 0, n).abs(), k + 2);
+      const auto err = (c.narrow(1, 0, n).to(torch::kDouble) - want).abs();
+      EXPECT_TRUE(err.le(bound).all().item<bool>())
+          << "ta " << ta << " tb " << tb << " max error " << err.max().item<double>();
+      // The padding columns of C are not written.
+      EXPECT_TRUE(torch::equal(c.narrow(1, n, pad), c0.narrow(1, n, pad).to(torch::kFloat)));
+    }
+}
+
+// On the sgemm path the forward is ATen's float32 product of the widened operands, plus the
+// bias, ReLU and one rounding to bf16: bit for bit that composition, NaN and infinities
+// included, with an output width that is no multiple of 16 (the rounding pass's tail), in grad
+// mode and outside it. Runs where the path is in use (unit.model_bf16_sgemm).
+TEST(Linear, SgemmPathForwardIsTheFloat32ProductRoundedOnce) {
+  if (bf16_gemm_path() != Bf16GemmPath::kSgemm) GTEST_SKIP() << "not the sgemm path here";
+  torch::manual_seed(22);
+  torch::nn::Linear layer(48, 40);
+  auto x = torch::randn({3, 11, 48});
+  x.index_put_({0, 1, 5}, std::numeric_limits<float>::quiet_NaN());
+  x.index_put_({1, 2, 7}, std::numeric_limits<float>::infinity());
+  x.index_put_({2, 3}, 1e30f);  // products that overflow bf16 on rounding
+  for (bool relu : {false, true})
+    for (bool grad : {true, false}) {
+      torch::Tensor got;
+      {
+        torch::AutoGradMode mode(grad);
+        CpuBf16Autocast autocast;
+        got = relu ? linear_relu(layer, x) : linear(layer, x);
+      }
+      const auto wide = [](const torch::Tensor& t) {
+        return t.detach().to(torch::kBFloat16).to(torch::kFloat);
+      };
+      auto want = at::mm(wide(x).reshape({-1, 48}), wide(layer->weight).t()) + wide(layer->bias);
+      if (relu) want = want.relu();
+      want = want.to(torch::kBFloat16).view({3, 11, 40});
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(got.isnan(), want.isnan())) << "relu " << relu << " grad " << grad;
+      EXPECT_TRUE(torch::equal(got.nan_to_num(0), want.nan_to_num(0)))
+          << "relu " << relu << " grad " << grad;
+      EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
+      EXPECT_GT(got.isinf().sum().item<int64_t>(), 0);
+    }
 }
 
 TEST(Linear, WeightGradFloat32AgainstFloat64AndItsErrors) {
