@@ -81,7 +81,16 @@ MLLM_BF16_GEMM=fast train 1 "$WORK/badenv" "${common[@]}" train.precision=bf16 >
 rc=$?
 MLLM_BF16_WEIGHT_GRAD=aten train 1 "$WORK/oldenv" "${common[@]}" train.precision=bf16 > "$WORK/oldenv.log" 2>&1
 rc_old=$?
+# Ranks on different paths would round differently: refused at start-up (exit 2), on every rank.
+args=("$RECIPE" "run.out_dir=$WORK/mixed" "data.cache_dir=$CACHE" "data.corpus=[$CORPUS]"
+      "${common[@]}" train.precision=bf16)
+mpirun --bind-to none -np 1 -x MLLM_BF16_GEMM=aten "$MLLM_BIN/mllm-train" "${args[@]}" : \
+  -np 1 -x MLLM_BF16_GEMM=sgemm "$MLLM_BIN/mllm-train" "${args[@]}" > "$WORK/mixed.log" 2>&1
+rc_mixed=$?
 set -e
+[ $rc_mixed -eq 2 ] || { tail "$WORK/mixed.log"; fail "ranks on different bf16 paths: exit $rc_mixed, expected 2"; }
+grep -q "rank 1 runs bf16's products with oneMKL's float32 sgemm.*rank 0 with ATen's bf16 products.*set MLLM_BF16_GEMM alike on every rank" "$WORK/mixed.log" ||
+  fail "ranks on different bf16 paths: $(tail -3 "$WORK/mixed.log")"
 [ $rc -eq 2 ] || { tail "$WORK/badenv.log"; fail "MLLM_BF16_GEMM=fast: exit $rc, expected 2"; }
 grep -q "MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not 'fast'" "$WORK/badenv.log" ||
   fail "MLLM_BF16_GEMM=fast: $(tail -3 "$WORK/badenv.log")"
