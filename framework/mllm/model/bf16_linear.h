@@ -8,18 +8,18 @@
 // result; the oneMKL reference, "cblas_gemm_bf16bf16f32") runs it at ~2 TFLOP/s and writes the
 // float32 gradient directly: no bf16 rounding of the gradient, and no cast.
 //
-// Used by mllm::linear and mllm::linear_relu (model.h) while CPU bf16 autocast is on, in grad
-// mode and outside it. The forward pass runs on the autocast-cached bf16 weight and bias and gives autocast's
-// values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
+// Used by mllm::linear and mllm::linear_relu (model.h) while CPU bf16 autocast is on, in grad mode
+// and outside it. The forward pass runs on the autocast-cached bf16 weight and bias and gives
+// autocast's values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
 // (mkldnn::_linear_pointwise: the bias, and the ReLU of linear_relu, applied to the float32
-// accumulator, without addmm's copy of the broadcast bias into the output and without a
-// separate ReLU pass), else ATen's linear. One exception: oneDNN's ReLU maps a NaN
-// pre-activation to 0 where torch::relu keeps the NaN (a NaN there comes from a NaN in x, which
-// the residual stream also carries to the loss). The input gradient of a float32 input (the
-// residual stream's LayerNorm / RMSNorm output) is oneMKL's product too, returned in float32
-// (not rounded to bf16, no cast; 6-17% faster than ATen's bf16 mm at the small shape's Q/K/V,
-// feed-forward and head products on an AMX Xeon, bench/README.md); that of a bf16 input is
-// ATen's bf16 mm, as before. The bias gradient is a float32 sum from oneMKL.
+// accumulator, without addmm's copy of the broadcast bias into the output and without a separate
+// ReLU pass), else ATen's linear. One exception: oneDNN's ReLU maps a NaN pre-activation to 0 where
+// torch::relu keeps the NaN (a NaN there comes from a NaN in x, which the residual stream also
+// carries to the loss). The input gradient of a float32 input (the residual stream's LayerNorm /
+// RMSNorm output) is oneMKL's product too, returned in float32 (not rounded to bf16, no cast; 6-17%
+// faster than ATen's bf16 mm at the small shape's Q/K/V, feed-forward and head products on an AMX
+// Xeon, bench/README.md); that of a bf16 input is ATen's bf16 mm, as before. The bias gradient is a
+// float32 sum from oneMKL.
 //
 // On a CPU whose bf16 GEMM is slower than its float32 one (Bf16GemmPath::kSgemm below: a Xeon
 // without AMX ran oneMKL's and oneDNN's bf16 products at half the fp32 rate), every one of these

@@ -170,7 +170,8 @@ void register_builtin_models();
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
 // The same for a weight [out, in] and a bias [out] (or undefined) that are not a Linear's, such
 // as llama's tied head (the token embedding's weight).
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias);
 
 // The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
 // seq] int64 -> [] float32: lm_head_loss_sum(x, weight, bias, targets) where
@@ -184,11 +185,11 @@ torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
 torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
                         const torch::Tensor& targets);
 
-// relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused
-// op (bf16_autocast_linear with relu: oneDNN, or the sgemm path's rounding pass, applies the
-// ReLU to the float32 accumulator before rounding, which equals rounding first, as ReLU commutes
-// with rounding; a NaN pre-activation gives 0 with oneDNN instead of NaN); on the float32 CPU path f32_linear with relu (the ReLU in place
-// on the product, the same values).
+// relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused op
+// (bf16_autocast_linear with relu: oneDNN, or the sgemm path's rounding pass, applies the ReLU to
+// the float32 accumulator before rounding, which equals rounding first, as ReLU commutes with
+// rounding; a NaN pre-activation gives 0 with oneDNN instead of NaN); on the float32 CPU path
+// f32_linear with relu (the ReLU in place on the product, the same values).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // {linear(layers[i], x)} for several layers reading the same x [..., in] (attention's Q/K/V
