@@ -14,8 +14,11 @@ train 1 "$WORK/acc1" "${common[@]}" train.micro_batch=8 train.precision=bf16 > "
   { tail "$WORK/acc1.log"; fail "bf16 run without accumulation"; }
 # The trainer keeps autocast's bf16 weight casts for all micro-batches of a step; checkpointed
 # blocks (a forward without grad, a recomputation that clears the cache) must still give the
-# same losses, bit for bit.
-train 1 "$WORK/ckpt" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
+# same losses, bit for bit. On the path acc2 took (each run chooses from its own GEMM timing).
+case "$(grep -o "bf16 products: [^(]*" "$WORK/acc2/logs/rank_00.log")" in
+  *sgemm*) acc2_path=sgemm ;; *cblas_gemm_bf16bf16f32*) acc2_path=mkl ;; *) acc2_path=aten ;;
+esac
+MLLM_BF16_GEMM=$acc2_path train 1 "$WORK/ckpt" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
   model.activation_checkpointing=every_n model.checkpoint_every=2 > "$WORK/ckpt.log" 2>&1 ||
   { tail "$WORK/ckpt.log"; fail "bf16 run with accumulation 2 and activation checkpointing"; }
 python3 - "$WORK/fp32/metrics.jsonl" "$WORK/acc2/metrics.jsonl" "$WORK/acc1/metrics.jsonl" \

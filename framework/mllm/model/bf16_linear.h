@@ -112,8 +112,9 @@ void sgemm_on_widened_bf16(int layout, int transa, int transb, int m, int n, int
 std::string describe_bf16_gemm();
 
 // g [rows, out] bf16, x [rows, in] bf16 -> [out, in] float32 = g^T @ x (the weight gradient of
-// y = x @ W^T), accumulated in float32 by bf16_gemm_f32() (contiguous inputs are not copied), or
-// ATen's bf16 mm cast to float32 under kAten. Throws mllm::Error for other dtypes or shapes.
+// y = x @ W^T), accumulated in float32: oneMKL's cblas_gemm_bf16bf16f32 under kMkl (contiguous
+// inputs are not copied), ATen's float32 mm of the widened operands under kSgemm, ATen's bf16 mm
+// cast to float32 under kAten. Throws mllm::Error for other dtypes or shapes.
 torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x);
 
 // g [rows, out] bf16 -> [out] float32 = the sum of g's rows (the bias gradient of y = x @ W^T + b),
@@ -134,8 +135,8 @@ torch::Tensor relu_grad_bf16(const torch::Tensor& g, const torch::Tensor& y);
 // The bf16 copies of weight and bias come from autocast's cache (at::autocast::cached_cast):
 // one cast per weight while the cache lives (the trainer keeps it for a whole optimizer step).
 // Backward (with `relu`, through ReLU's gradient first: relu_grad_bf16): the input gradient in
-// x's dtype (float32 x: a float32 result from bf16_gemm_f32() where the sizes fit its int, else
-// ATen's bf16 mm cast; bf16 x: ATen's bf16 mm, or under kSgemm the float32 product rounded to
+// x's dtype (float32 x: a float32 result, from oneMKL's bf16 GEMM where the sizes fit its int
+// or from ATen's float32 mm of the widened operands under kSgemm, else ATen's bf16 mm cast; bf16 x: ATen's bf16 mm, or under kSgemm the float32 product rounded to
 // bf16 once), the weight gradient in float32 (weight_grad_float32), the bias gradient in float32
 // (bias_grad_float32). The output is saved for the backward with `relu`: modifying it in place
 // then makes the backward throw (autograd's version check). Outside grad mode (evaluation,

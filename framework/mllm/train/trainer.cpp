@@ -653,18 +653,24 @@ void Trainer::measure_peak() {
   peak_flops_ = peak.flops;
   std::string how = peak.how;
   bool bf16_on_sgemm = false;
-  if (bf16 && device_.is_cpu()) {
+  if (bf16) {
     // Before the first product, from the job-wide rates every rank shares; the ranks must agree
     // (MLLM_BF16_GEMM and the AMX test are per rank), or the replicas would round differently.
-    const Bf16GemmPath path = choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops);
-    const auto paths = comm_->all_gather(static_cast<int64_t>(path));
-    const auto described = comm_->all_gather(describe_bf16_gemm());
-    for (std::size_t i = 1; i < paths.size(); ++i)
-      if (paths[i] != paths[0])
+    // Every bf16 rank takes part in the gathers; a rank on a GPU sends -1 and is not compared.
+    const bool cpu = device_.is_cpu();
+    const int64_t path =
+        cpu ? static_cast<int64_t>(choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops))
+            : -1;
+    const auto paths = comm_->all_gather(path);
+    const auto described = comm_->all_gather(cpu ? describe_bf16_gemm() : std::string());
+    std::size_t first = 0;
+    while (first < paths.size() && paths[first] < 0) ++first;
+    for (std::size_t i = first + 1; i < paths.size(); ++i)
+      if (paths[i] >= 0 && paths[i] != paths[first])
         throw ConfigError(fmt::format(
-            "rank {} runs bf16's products with {}, rank 0 with {}: set MLLM_BF16_GEMM alike on "
-            "every rank (docs/precision.md)", i, described[i], described[0]));
-    bf16_on_sgemm = path == Bf16GemmPath::kSgemm;
+            "rank {} runs bf16's products with {}, rank {} with {}: set MLLM_BF16_GEMM alike on "
+            "every rank (docs/precision.md)", i, described[i], first, described[first]));
+    bf16_on_sgemm = path == static_cast<int64_t>(Bf16GemmPath::kSgemm);
     // The products then run on the fp32 units: their rate is the peak.
     if (bf16_on_sgemm && peak.cpu_fp32_flops > 0) {
       peak_flops_ = peak.cpu_fp32_flops;

@@ -738,7 +738,7 @@ TEST(Linear, SgemmPathForwardIsTheFloat32ProductRoundedOnce) {
   auto x = torch::randn({3, 11, 48});
   x.index_put_({0, 1, 5}, std::numeric_limits<float>::quiet_NaN());
   x.index_put_({1, 2, 7}, std::numeric_limits<float>::infinity());
-  x.index_put_({2, 3}, 1e30f);  // products that overflow bf16 on rounding
+  x.index_put_({2, 3}, 1e30f);  // large finite products
   for (bool relu : {false, true})
     for (bool grad : {true, false}) {
       torch::Tensor got;
