@@ -59,6 +59,17 @@ grep -q "bf16 products: ATen's bf16 products" "$WORK/aten/logs/rank_00.log" ||
   fail "MLLM_BF16_GEMM=aten: no start-up line for ATen's path"
 grep -q "bf16 products: oneMKL's float32 sgemm on the bf16 operands widened" "$WORK/sgemm/logs/rank_00.log" ||
   fail "MLLM_BF16_GEMM=sgemm: no start-up line for the sgemm path"
+# On the sgemm path the products run on the fp32 units: the MFU peak is the measured fp32 rate.
+python3 - "$WORK/sgemm/logs/rank_00.log" <<'PY' || fail "the sgemm path's MFU peak"
+import re, sys
+log = open(sys.argv[1], encoding="utf-8").read()
+peak = re.search(r"MFU peak ([0-9.]+) GFLOP/s = measured fp32 GEMM .*; it runs bf16's products here", log)
+assert peak, "no MFU peak line naming the fp32 GEMM"
+gemm = re.search(r"CPU GEMM: bf16 [0-9.]+ GFLOP/s, fp32 ([0-9.]+) GFLOP/s .*bf16's products run as "
+                 r"float32 GEMMs here", log)
+assert gemm, "no CPU GEMM line for the sgemm path"
+assert abs(float(peak.group(1)) - float(gemm.group(1))) <= 0.1, (peak.group(0), gemm.group(0))
+PY
 default_line=$(grep -o "bf16 products: [^(]*" "$WORK/acc2/logs/rank_00.log") || fail "no bf16 products line"
 echo "default: $default_line"
 case "$default_line" in *sgemm*) same_forward=sgemm ;; *) same_forward=aten ;; esac

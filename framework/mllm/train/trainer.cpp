@@ -699,8 +699,8 @@ void Trainer::measure_peak() {
     // The products run at the fp32 rate; bf16 adds roundings and conversions and saves memory.
     spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                  "bf16's products run as float32 GEMMs here, so train.precision=bf16 is "
-                 "expected to train somewhat slower than fp32 (not faster), with half the "
-                 "activation memory", peak.cpu_bf16_flops / 1e9, peak.cpu_fp32_flops / 1e9, ratio,
+                 "expected to train somewhat slower than fp32 (not faster), with its activations "
+                 "in bf16", peak.cpu_bf16_flops / 1e9, peak.cpu_fp32_flops / 1e9, ratio,
                  detect_cpu_isa().describe());
     return;
   }
