@@ -110,10 +110,6 @@ const GemmChoice& gemm_choice(double bf16_flops = 0, double fp32_flops = 0) {
 
 GemmBf16Bf16F32 own_gemm() { return gemm_choice().gemm; }
 bool sgemm_path() { return gemm_choice().path == Bf16GemmPath::kSgemm; }
-// The profiler's name for a product through own_gemm().
-const char* gemm_record_name() {
-  return sgemm_path() ? "mllm::sgemm_on_widened_bf16" : "mkl::cblas_gemm_bf16bf16f32";
-}
 
 // dst [rows, cols] float32 (contiguous) = the bf16 values src [rows, cols] (leading dimension
 // ld), exactly: a bf16 pattern is the upper half of the float32 one.
@@ -270,7 +266,7 @@ torch::Tensor input_grad_float32(const torch::Tensor& g, const torch::Tensor& w1
   const torch::Tensor gc = g.contiguous(), wc = w16.contiguous();
   torch::Tensor dx = torch::empty({rows, in}, g.options().dtype(torch::kFloat));
   if (rows == 0 || out == 0 || in == 0) return dx.zero_();
-  RECORD_FUNCTION(gemm_record_name(), std::vector<c10::IValue>({gc, wc}));
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, wc}));
   gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, static_cast<int>(rows),
        static_cast<int>(in), static_cast<int>(out), 1.0f, gc.const_data_ptr(),
        static_cast<int>(out), wc.const_data_ptr(), static_cast<int>(in), 0.0f,
@@ -513,7 +509,7 @@ torch::Tensor weight_grad_float32(const torch::Tensor& g, const torch::Tensor& x
   const torch::Tensor gc = g.contiguous(), xc = x.contiguous();
   torch::Tensor dw = torch::empty({out, in}, g.options().dtype(torch::kFloat));
   if (rows == 0 || out == 0 || in == 0) return dw.zero_();
-  RECORD_FUNCTION(gemm_record_name(), std::vector<c10::IValue>({gc, xc}));
+  RECORD_FUNCTION("mkl::cblas_gemm_bf16bf16f32", std::vector<c10::IValue>({gc, xc}));
   // dW [out, in] = op(A) op(B) with A = g stored [rows, out] (transposed: lda = out) and
   // B = x stored [rows, in] (lda = in).
   gemm(cblas::kRowMajor, cblas::kTrans, cblas::kNoTrans, static_cast<int>(out),
