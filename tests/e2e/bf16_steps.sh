@@ -39,12 +39,13 @@ for i, (a, b, c) in enumerate(zip(f32, acc2, acc1), 1):
     assert abs(b - c) <= 0.02 * c, f"step {i}: accumulation 2 {b} vs 1 {c}"
 PY
 # MLLM_BF16_GEMM (model/bf16_linear.h) picks what runs the bf16 products: "aten" ATen's bf16
-# products (autocast's linear layers), "sgemm" float32 sgemm on the widened bf16 operands. Both
-# follow the default path step by step; the start-up line says which path runs; the forward of
-# the default path is bit for bit ATen's (oneMKL's bf16 GEMM and oneDNN's fused linear round as
-# ATen does) or sgemm's (the path this CPU takes by default). Another value, and the retired
-# MLLM_BF16_WEIGHT_GRAD, are bad input (exit 2).
-for path in aten sgemm; do
+# products (autocast's linear layers), "mkl" oneMKL's bf16 GEMM (ATen's where the CPU has no bf16
+# units), "sgemm" float32 sgemm on the widened bf16 operands. All follow the default path step by
+# step; the start-up line says which path runs; the forward of the default path is bit for bit
+# ATen's (oneMKL's bf16 GEMM and oneDNN's fused linear round as ATen does) or sgemm's (the path
+# this CPU takes by default). Another value, and the retired MLLM_BF16_WEIGHT_GRAD, are bad input
+# (exit 2).
+for path in aten mkl sgemm; do
   MLLM_BF16_GEMM=$path train 1 "$WORK/$path" "${common[@]}" train.micro_batch=4 train.precision=bf16 \
     > "$WORK/$path.log" 2>&1 || { tail "$WORK/$path.log"; fail "bf16 run with MLLM_BF16_GEMM=$path"; }
 done
@@ -74,21 +75,49 @@ default_line=$(grep -o "bf16 products: [^(]*" "$WORK/acc2/logs/rank_00.log") || 
 echo "default: $default_line"
 case "$default_line" in *sgemm*) same_forward=sgemm ;; *) same_forward=aten ;; esac
 python3 - "$WORK/acc2/metrics.jsonl" "$WORK/aten/metrics.jsonl" "$WORK/sgemm/metrics.jsonl" \
-  "$same_forward" <<'PY' || fail "bf16 paths"
+  "$WORK/mkl/metrics.jsonl" "$same_forward" <<'PY' || fail "bf16 paths"
 import json, sys
-a, b, c = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:4])
+a, b, c, d = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:5])
 print("aten      ", " ".join(f"{x:.4f}" for x in b))
 print("sgemm     ", " ".join(f"{x:.4f}" for x in c))
+print("mkl       ", " ".join(f"{x:.4f}" for x in d))
 # The first step's loss comes before any gradient: the default path's forward, bit for bit.
-same = b if sys.argv[4] == "aten" else c
-assert a[0] == same[0], (a[0], same[0], sys.argv[4])
+same = b if sys.argv[5] == "aten" else c
+assert a[0] == same[0], (a[0], same[0], sys.argv[5])
+# oneMKL's path: oneDNN's fused forward, ATen's bits.
+assert d[0] == b[0], (d[0], b[0])
 # sgemm and ATen's forward: the same bf16 products summed in another order (float32 sums; the
 # loss of 8 sequences moves by far less than one bf16 rounding).
 assert abs(c[0] - b[0]) <= 1e-3 * b[0], (c[0], b[0])
-assert len(b) == len(c) == 10, (len(b), len(c))
-for i, (x, y, z) in enumerate(zip(a, b, c), 1):
+assert len(b) == len(c) == len(d) == 10, (len(b), len(c), len(d))
+for i, (x, y, z, w) in enumerate(zip(a, b, c, d), 1):
     assert abs(x - y) <= 0.02 * y, f"step {i}: {x} vs ATen's path {y}"
     assert abs(z - y) <= 0.02 * y, f"step {i}: sgemm {z} vs ATen's path {y}"
+    assert abs(w - y) <= 0.02 * y, f"step {i}: mkl {w} vs ATen's path {y}"
+PY
+# The default path follows docs/precision.md's rule from the rates the log shows: AMX -> oneMKL's
+# bf16 GEMM; else bf16 below 0.8 of fp32 -> sgemm; else avx512_bf16 with oneMKL's bf16 GEMM at
+# 0.9 or more of ATen's -> oneMKL's; else ATen's. oneMKL's rate is timed exactly where that rule
+# reads it (avx512_bf16 without AMX). Rates within 1% of a threshold are not judged (the log
+# rounds them to 0.1 GFLOP/s).
+python3 - "$WORK/acc2/logs/rank_00.log" <<'PY' || fail "the default bf16 path's rule"
+import re, sys
+log = open(sys.argv[1], encoding="utf-8").read()
+m = re.search(r"CPU GEMM: bf16 ([0-9.]+) GFLOP/s, fp32 ([0-9.]+) GFLOP/s \(bf16 / fp32 = [0-9.]+; "
+              r"(?:oneMKL's bf16 GEMM ([0-9.]+) GFLOP/s; )?([^)]*)\)", log)
+if not m:
+    assert re.search(r"CPU GEMM: fp32 [0-9.]+ GFLOP/s; no bf16 units", log), "no CPU GEMM line"
+    sys.exit(0)
+bf16, fp32, mkl, flags = float(m[1]), float(m[2]), float(m[3] or 0), m[4]
+amx, avx = " amx_bf16" in flags, " avx512_bf16" in flags
+assert (mkl > 0) == (avx and not amx), f"oneMKL's bf16 GEMM timed where it should not be, or not: {m[0]}"
+line = re.search(r"bf16 products: ([^(]*)", log)[1]
+chosen = "sgemm" if "sgemm" in line else "mkl" if "cblas_gemm_bf16bf16f32" in line else "aten"
+near = abs(bf16 / fp32 - 0.8) < 0.01 or (mkl > 0 and abs(mkl / bf16 - 0.9) < 0.01)
+want = ("mkl" if amx else "sgemm" if bf16 < 0.8 * fp32 else
+        "mkl" if avx and mkl >= 0.9 * bf16 else "aten")
+print(f"rule: bf16 {bf16}, fp32 {fp32}, oneMKL bf16 {mkl}, amx {amx} -> {want}; chosen {chosen}")
+assert near or chosen == want, f"chose {chosen}, the rule says {want}: {m[0]}"
 PY
 set +e
 MLLM_BF16_GEMM=fast train 1 "$WORK/badenv" "${common[@]}" train.precision=bf16 > "$WORK/badenv.log" 2>&1

@@ -37,6 +37,11 @@ namespace {
 // operands (a fraction of the fp32 rate): the widening costs 5-10% of a product, and a margin
 // keeps two runs on one machine from choosing differently on timing noise.
 constexpr double kSgemmBelowRatio = 0.8;
+// On a CPU with avx512_bf16 and no AMX whose bf16 GEMM is not slow, the fraction of ATen's bf16
+// GEMM rate from which oneMKL's is taken: its path (fused attention, float32 gradients without
+// casts) did ~300 ms less work per small-shape step than ATen's on a Xeon whose two GEMMs ran
+// at one rate (bench/README.md), so a product up to ~10% slower still leaves the step faster.
+constexpr double kMklFromRatio = 0.9;
 
 struct GemmChoice {
   Bf16GemmPath path = Bf16GemmPath::kAten;
@@ -46,7 +51,7 @@ struct GemmChoice {
 
 // Decides from MLLM_BF16_GEMM, the CPU and (when measured: both > 0) the GEMM rates, then looks
 // the functions up.
-GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
+GemmChoice decide_gemm(double bf16_flops, double fp32_flops, double mkl_bf16_flops) {
   if (std::getenv("MLLM_BF16_WEIGHT_GRAD") != nullptr)
     throw ConfigError("MLLM_BF16_WEIGHT_GRAD was renamed MLLM_BF16_GEMM (mkl, sgemm or aten; "
                       "docs/precision.md): unset it");
@@ -54,12 +59,17 @@ GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
   const std::string value = env != nullptr ? env : "";
   const CpuIsa isa = detect_cpu_isa();
   const Bf16GemmPath want =
-      wanted_bf16_gemm_path(value, isa.amx_bf16, isa.avx512_bf16, bf16_flops, fp32_flops);
+      wanted_bf16_gemm_path(value, isa.amx_bf16, isa.avx512_bf16, bf16_flops, fp32_flops,
+                            mkl_bf16_flops);
   const bool measured = bf16_flops > 0 && fp32_flops > 0;
   const std::string ratio =
       measured ? fmt::format("the measured bf16 GEMM ran at {:.2f} of the fp32 one",
                              bf16_flops / fp32_flops)
                : "";
+  const std::string mkl_ratio =
+      measured && mkl_bf16_flops > 0
+          ? fmt::format("oneMKL's bf16 GEMM ran at {:.2f} of ATen's", mkl_bf16_flops / bf16_flops)
+          : "";
   GemmChoice c;
   switch (want) {
     case Bf16GemmPath::kSgemm:
@@ -72,16 +82,15 @@ GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
       c.gemm = &sgemm_on_widened_bf16;
       return c;
     case Bf16GemmPath::kMkl: {
-      // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
-      void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
-      if (torch_cpu != nullptr)
-        c.gemm = reinterpret_cast<GemmBf16Bf16F32>(::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
+      c.gemm = mkl_gemm_bf16bf16f32();
       if (c.gemm == nullptr) {
         c.why = "LibTorch's libtorch_cpu.so exports no cblas_gemm_bf16bf16f32";
         return c;
       }
       c.path = Bf16GemmPath::kMkl;
-      c.why = value == "mkl" ? "MLLM_BF16_GEMM=mkl" : "this CPU has AMX-BF16";
+      c.why = value == "mkl"   ? "MLLM_BF16_GEMM=mkl"
+              : isa.amx_bf16   ? "this CPU has AMX-BF16"
+                               : ratio + " and " + mkl_ratio + " (avx512_bf16, no AMX)";
       return c;
     }
     case Bf16GemmPath::kAten:
@@ -91,6 +100,9 @@ GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
     c.why = "MLLM_BF16_GEMM=aten";
   else if (value == "mkl")
     c.why = "MLLM_BF16_GEMM=mkl, but this CPU has no bf16 units";
+  else if (measured && !mkl_ratio.empty())
+    c.why = ratio + ", and " + mkl_ratio + " (below " + fmt::format("{}", kMklFromRatio) +
+            "; MLLM_BF16_GEMM=mkl takes it anyway)";
   else if (measured)
     c.why = ratio + ", and this CPU has no AMX (MLLM_BF16_GEMM=mkl tries oneMKL's bf16 GEMM "
                     "with avx512_bf16 alone)";
@@ -102,9 +114,10 @@ GemmChoice decide_gemm(double bf16_flops, double fp32_flops) {
 std::mutex gemm_choice_mutex;
 std::optional<GemmChoice> gemm_choice_made;
 
-const GemmChoice& gemm_choice(double bf16_flops = 0, double fp32_flops = 0) {
+const GemmChoice& gemm_choice(double bf16_flops = 0, double fp32_flops = 0,
+                              double mkl_bf16_flops = 0) {
   std::lock_guard<std::mutex> lock(gemm_choice_mutex);
-  if (!gemm_choice_made) gemm_choice_made = decide_gemm(bf16_flops, fp32_flops);
+  if (!gemm_choice_made) gemm_choice_made = decide_gemm(bf16_flops, fp32_flops, mkl_bf16_flops);
   return *gemm_choice_made;
 }
 
@@ -415,8 +428,19 @@ class Bf16Linears : public torch::autograd::Function<Bf16Linears> {
 
 Bf16GemmPath bf16_gemm_path() { return gemm_choice().path; }
 
-Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops) {
-  return gemm_choice(bf16_flops, fp32_flops).path;
+Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops, double mkl_bf16_flops) {
+  return gemm_choice(bf16_flops, fp32_flops, mkl_bf16_flops).path;
+}
+
+GemmBf16Bf16F32 mkl_gemm_bf16bf16f32() {
+  // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
+  static const GemmBf16Bf16F32 gemm = [] {
+    void* torch_cpu = ::dlopen("libtorch_cpu.so", RTLD_NOLOAD | RTLD_LAZY);
+    return torch_cpu == nullptr ? nullptr
+                                : reinterpret_cast<GemmBf16Bf16F32>(
+                                      ::dlsym(torch_cpu, "cblas_gemm_bf16bf16f32"));
+  }();
+  return gemm;
 }
 
 bool bf16_products_in_mllm() { return own_gemm() != nullptr; }
@@ -424,15 +448,17 @@ bool bf16_products_in_mllm() { return own_gemm() != nullptr; }
 GemmBf16Bf16F32 bf16_gemm_f32() { return own_gemm(); }
 
 Bf16GemmPath wanted_bf16_gemm_path(const std::string& env, bool amx_bf16, bool avx512_bf16,
-                                   double bf16_flops, double fp32_flops) {
+                                   double bf16_flops, double fp32_flops, double mkl_bf16_flops) {
   if (env != "" && env != "mkl" && env != "sgemm" && env != "aten")
     throw ConfigError("MLLM_BF16_GEMM must be unset, mkl, sgemm or aten, not '" + env + "'");
   if (env == "aten") return Bf16GemmPath::kAten;
   if (env == "sgemm") return Bf16GemmPath::kSgemm;
   if (env == "mkl") return amx_bf16 || avx512_bf16 ? Bf16GemmPath::kMkl : Bf16GemmPath::kAten;
   if (amx_bf16) return Bf16GemmPath::kMkl;
-  if (bf16_flops > 0 && fp32_flops > 0 && bf16_flops < kSgemmBelowRatio * fp32_flops)
-    return Bf16GemmPath::kSgemm;
+  const bool measured = bf16_flops > 0 && fp32_flops > 0;
+  if (measured && bf16_flops < kSgemmBelowRatio * fp32_flops) return Bf16GemmPath::kSgemm;
+  if (measured && avx512_bf16 && mkl_bf16_flops >= kMklFromRatio * bf16_flops)
+    return Bf16GemmPath::kMkl;
   return Bf16GemmPath::kAten;
 }
 

@@ -39,8 +39,11 @@ namespace mllm {
 // trainer measured them, its GEMM rates:
 //   kMkl:   oneMKL's cblas_gemm_bf16bf16f32 from libtorch_cpu.so (the x86-64 wheels link oneMKL
 //           statically and export its CBLAS symbols; looked up in that library, not a preloaded
-//           one). The default on CPUs with AMX-BF16 (where it was measured); MLLM_BF16_GEMM=mkl
-//           also takes it with avx512_bf16 alone.
+//           one). The default on CPUs with AMX-BF16 (where it was measured), and on CPUs with
+//           avx512_bf16 alone where the trainer measured oneMKL's bf16 GEMM at 0.9 or more of
+//           ATen's and the bf16 GEMM not below 0.8 of the fp32 one (the fused paths below then
+//           do less work per step at about the same GEMM rate: bench/README.md);
+//           MLLM_BF16_GEMM=mkl forces it where the CPU has bf16 units.
 //   kSgemm: the bf16 operands widened to float32 (exact: a bf16 value is a float32 with the low
 //           16 bits zero) and oneMKL's float32 sgemm. Every product of two bf16 values is exact in
 //           float32 and the sum accumulates in float32, as in a bf16 GEMM with a float32
@@ -61,20 +64,22 @@ enum class Bf16GemmPath { kAten, kMkl, kSgemm };
 // for another value of MLLM_BF16_GEMM, or when the retired MLLM_BF16_WEIGHT_GRAD is set.
 Bf16GemmPath bf16_gemm_path();
 
-// Decides the path from the measured GEMM rates of this job's CPUs (FLOP/s, bf16 and fp32 at the
-// thread count the run trains with; 0 where not measured) unless it is already decided, and
-// returns the path in use. The trainer calls it at start-up before the model's first product,
-// with the job-wide rates every rank shares, and stops (ConfigError) if the ranks still differ
-// (MLLM_BF16_GEMM set differently, or CPUs with and without AMX in one job). Throws as
-// bf16_gemm_path.
-Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops);
+// Decides the path from the measured GEMM rates of this job's CPUs (FLOP/s at the thread count
+// the run trains with; 0 where not measured: bf16 and fp32 from ATen's mm, mkl_bf16 from
+// oneMKL's cblas_gemm_bf16bf16f32, mfu.h) unless it is already decided, and returns the path in
+// use. The trainer calls it at start-up before the model's first product, with the job-wide
+// rates every rank shares, and stops (ConfigError) if the ranks still differ (MLLM_BF16_GEMM set
+// differently, or CPUs with and without AMX in one job). Throws as bf16_gemm_path.
+Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops, double mkl_bf16_flops = 0);
 
 // The path the decision above wants (before the functions are looked up: bf16_gemm_path falls
 // back to kAten where libtorch_cpu.so lacks one), as a function of its inputs: env =
 // MLLM_BF16_GEMM's value ("" when unset), the CPU's amx_bf16 and avx512_bf16 flags, and the
-// measured GEMM rates in FLOP/s (0 when not measured). Throws mllm::ConfigError for another env.
+// measured GEMM rates in FLOP/s (0 when not measured; mkl_bf16: oneMKL's bf16 GEMM). In order:
+// the variable; AMX -> kMkl; bf16 < 0.8 fp32 -> kSgemm; avx512_bf16 with mkl_bf16 >= 0.9 bf16
+// -> kMkl; else kAten. Throws mllm::ConfigError for another env.
 Bf16GemmPath wanted_bf16_gemm_path(const std::string& env, bool amx_bf16, bool avx512_bf16,
-                                   double bf16_flops, double fp32_flops);
+                                   double bf16_flops, double fp32_flops, double mkl_bf16_flops);
 
 // Whether mllm's own bf16 training products run (kMkl or kSgemm), rather than autocast's.
 // Throws as bf16_gemm_path.
@@ -92,6 +97,12 @@ using GemmBf16Bf16F32 = void (*)(int layout, int transa, int transb, int m, int 
 namespace cblas {
 inline constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 }  // namespace cblas
+
+// oneMKL's cblas_gemm_bf16bf16f32 as LibTorch's libtorch_cpu.so exports it (looked up in that
+// library, not a preloaded one), whichever path is in use; nullptr where it is not exported.
+// For timing it (mfu.h); the products go through bf16_gemm_f32().
+GemmBf16Bf16F32 mkl_gemm_bf16bf16f32();
+
 // The GEMM of that form for the path in use: oneMKL's (kMkl), sgemm_on_widened_bf16 (kSgemm),
 // nullptr (kAten). Throws as bf16_gemm_path.
 GemmBf16Bf16F32 bf16_gemm_f32();

@@ -29,11 +29,11 @@
 namespace mllm {
 
 // Whether cpu_attention runs here for q/k/v of `dtype`: bf16 where mllm's bf16 products run
-// (bf16_gemm_f32(), bf16_linear.h: oneMKL's bf16 GEMM on a CPU with AMX-BF16, or with
-// MLLM_BF16_GEMM=mkl on one with avx512_bf16, or float32 sgemm on widened operands where the bf16 GEMM is slow or with
-// MLLM_BF16_GEMM=sgemm; never with MLLM_BF16_GEMM=aten); float32 where an sgemm_
-// is found through libtorch_cpu.so (oneMKL's in the x86-64 wheels; mkl_gemm.h); no other
-// dtype.
+// (bf16_gemm_f32(), bf16_linear.h: oneMKL's bf16 GEMM on a CPU with AMX-BF16, on one with
+// avx512_bf16 where it measured as fast as ATen's, or with MLLM_BF16_GEMM=mkl; float32 sgemm on
+// widened operands where the bf16 GEMM is slow or with MLLM_BF16_GEMM=sgemm; never with
+// MLLM_BF16_GEMM=aten); float32 where an sgemm_ is found through libtorch_cpu.so (oneMKL's in the
+// x86-64 wheels; mkl_gemm.h); no other dtype.
 bool cpu_attention_available(torch::ScalarType dtype);
 
 // Whether these tensors can take it: q [batch, seq, heads, head_dim], k and v [batch, keys,

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <ATen/Context.h>
@@ -16,39 +18,86 @@
 
 #include "mllm/core/blas.h"
 #include "mllm/distributed/communicator.h"
+#include "mllm/model/bf16_linear.h"
 #include "mllm/train/device.h"
 
 namespace mllm {
 
-double measure_peak_flops(bool bf16, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  const int64_t n = device.is_cuda() ? 8192 : 2048;
-  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(device);
-  // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
-  // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
-  // would inflate the peak and deflate MFU. Drawn from a copy of the device's default generator,
-  // so the default one (dropout, bit-exact resume) does not move.
+namespace {
+
+// Two random [n, n] operands of `dtype` on `device`, drawn from a copy of the device's default
+// generator, so the default one (dropout, bit-exact resume) does not move.
+std::pair<torch::Tensor, torch::Tensor> random_operands(int64_t n, torch::ScalarType dtype,
+                                                        const torch::Device& device) {
   at::Generator gen;
   {
     at::Generator source = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(source.mutex());
     gen = source.clone();
   }
+  const auto opts = torch::TensorOptions().dtype(dtype).device(device);
   torch::Tensor a = torch::randn({n, n}, gen, opts);
   torch::Tensor b = torch::randn({n, n}, gen, opts);
+  return {a, b};
+}
+
+// The best time (seconds) of each product over `timed` rounds, after `warmups` rounds; each
+// round runs the products in turn, `device` synchronized around each.
+std::vector<double> best_seconds(const std::vector<std::function<void()>>& products, int warmups,
+                                 int timed, const torch::Device& device) {
+  for (int i = 0; i < warmups; ++i)
+    for (const auto& product : products) product();
+  synchronize(device);
+  std::vector<double> best_s(products.size(), 1e30);
+  for (int i = 0; i < timed; ++i)
+    for (size_t k = 0; k < products.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      products[k]();
+      synchronize(device);
+      best_s[k] = std::min(
+          best_s[k], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  return best_s;
+}
+
+}  // namespace
+
+double measure_peak_flops(bool bf16, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = device.is_cuda() ? 8192 : 2048;
+  // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
+  // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
+  // would inflate the peak and deflate MFU.
+  const auto [a, b] = random_operands(n, bf16 ? torch::kBFloat16 : torch::kFloat32, device);
   // Warm-up: thread pool, oneDNN / cuBLAS handles and kernels, and a GPU's clocks ramping up
   // (a few ms on an H200, so a few more products there).
-  const int warmups = device.is_cuda() ? 3 : 1, timed = 5;
-  for (int i = 0; i < warmups; ++i) torch::mm(a, b);
-  synchronize(device);
-  double best_s = 1e30;
-  for (int i = 0; i < timed; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    torch::mm(a, b);
-    synchronize(device);
-    best_s = std::min(best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  const double best_s =
+      best_seconds({[&] { torch::mm(a, b); }}, device.is_cuda() ? 3 : 1, 5, device)[0];
   return 2.0 * n * n * n / best_s;
+}
+
+CpuGemmRates measure_cpu_gemm_rates(bool bf16, bool mkl_bf16) {
+  torch::NoGradGuard no_grad;
+  const int n = 2048;
+  const torch::Device cpu(torch::kCPU);
+  const GemmBf16Bf16F32 gemm = mkl_bf16 ? mkl_gemm_bf16bf16f32() : nullptr;
+  const auto [a, b] = random_operands(n, torch::kFloat32, cpu);
+  const torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
+  torch::Tensor c = torch::empty({n, n}, torch::kFloat32);
+  std::vector<std::function<void()>> products{[&] { torch::mm(a, b); }};
+  if (bf16) products.emplace_back([&] { torch::mm(a16, b16); });
+  if (gemm != nullptr)
+    products.emplace_back([&] {
+      gemm(cblas::kRowMajor, cblas::kNoTrans, cblas::kNoTrans, n, n, n, 1.0f, a16.const_data_ptr(),
+           n, b16.const_data_ptr(), n, 0.0f, c.data_ptr<float>(), n);
+    });
+  const std::vector<double> best_s = best_seconds(products, 1, 5, cpu);
+  const double flop = 2.0 * n * n * n;
+  CpuGemmRates r;
+  r.fp32 = flop / best_s[0];
+  if (bf16) r.bf16 = flop / best_s[1];
+  if (gemm != nullptr) r.mkl_bf16 = flop / best_s.back();
+  return r;
 }
 
 namespace {
@@ -89,7 +138,7 @@ bool node_ranks_bound_apart(Communicator& comm) {
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device) {
   const char* dtype = bf16 ? "bf16" : "fp32";
   JobPeak peak;
-  double mine = 0, mine_fp32 = 0, mine_bf16 = 0;
+  double mine = 0, mine_fp32 = 0, mine_bf16 = 0, mine_mkl_bf16 = 0;
   bool measures = false;
   std::string where;
   const char* unit = "GPU(s)";
@@ -113,9 +162,14 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
       at::set_num_threads(cores);
       // The other dtype too, to compare the two; bf16 only where it may be the faster one: a CPU
       // without bf16 units runs it through conversions, seconds of start-up for a known answer.
+      // oneMKL's bf16 GEMM where the bf16 path is chosen from it (choose_bf16_gemm).
       const CpuIsa isa = detect_cpu_isa();
-      mine_fp32 = measure_peak_flops(false, device);
-      if (bf16 || isa.avx512_bf16 || isa.amx_bf16) mine_bf16 = measure_peak_flops(true, device);
+      const CpuGemmRates rates =
+          measure_cpu_gemm_rates(bf16 || isa.avx512_bf16 || isa.amx_bf16,
+                                 bf16 && isa.avx512_bf16 && !isa.amx_bf16);
+      mine_fp32 = rates.fp32;
+      mine_bf16 = rates.bf16;
+      mine_mkl_bf16 = rates.mkl_bf16;
       mine = bf16 ? mine_bf16 : mine_fp32;
       at::set_num_threads(before);
     }
@@ -131,12 +185,14 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
   }
   comm.barrier();
   torch::Tensor sums =
-      torch::tensor({mine, mine_fp32, mine_bf16, measures ? 1.0 : 0.0}, torch::kFloat64);
+      torch::tensor({mine, mine_fp32, mine_bf16, mine_mkl_bf16, measures ? 1.0 : 0.0},
+                    torch::kFloat64);
   comm.all_reduce(sums, ReduceOp::kSum);
   peak.flops = sums[0].item<double>();
   peak.cpu_fp32_flops = sums[1].item<double>();
   peak.cpu_bf16_flops = sums[2].item<double>();
-  const int timed = static_cast<int>(sums[3].item<double>());
+  peak.cpu_mkl_bf16_flops = sums[3].item<double>();
+  const int timed = static_cast<int>(sums[4].item<double>());
   peak.nodes = device.is_cuda() ? 0 : timed;
   peak.how = fmt::format("measured {} GEMM (n={}, random operands, best of 5) {}, summed over {} "
                          "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed, unit);

@@ -659,7 +659,8 @@ void Trainer::measure_peak() {
     // Every bf16 rank takes part in the gathers; a rank on a GPU sends -1 and is not compared.
     const bool cpu = device_.is_cpu();
     const int64_t path =
-        cpu ? static_cast<int64_t>(choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops))
+        cpu ? static_cast<int64_t>(choose_bf16_gemm(peak.cpu_bf16_flops, peak.cpu_fp32_flops,
+                                                    peak.cpu_mkl_bf16_flops))
             : -1;
     const auto paths = comm_->all_gather(path);
     const auto described = comm_->all_gather(cpu ? describe_bf16_gemm() : std::string());
@@ -695,19 +696,24 @@ void Trainer::measure_peak() {
   // bf16 against fp32 from the two measured GEMM rates: the matmuls are most of a step's work,
   // so their ratio says which precision is expected to train faster on this CPU.
   const double ratio = peak.cpu_bf16_flops / peak.cpu_fp32_flops;
+  const std::string cpu_and_mkl =
+      (peak.cpu_mkl_bf16_flops > 0
+           ? fmt::format("oneMKL's bf16 GEMM {:.1f} GFLOP/s; ", peak.cpu_mkl_bf16_flops / 1e9)
+           : std::string()) +
+      detect_cpu_isa().describe();
   if (bf16_on_sgemm) {
     // The products run at the fp32 rate; bf16 adds roundings and conversions and saves memory.
     spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                  "bf16's products run as float32 GEMMs here, so train.precision=bf16 is "
                  "expected to train somewhat slower than fp32 (not faster), with its activations "
                  "in bf16", peak.cpu_bf16_flops / 1e9, peak.cpu_fp32_flops / 1e9, ratio,
-                 detect_cpu_isa().describe());
+                 cpu_and_mkl);
     return;
   }
   const char* verdict = ratio > 1.1 ? "faster than" : ratio < 0.9 ? "slower than" : "about as fast as";
   spdlog::info("CPU GEMM: bf16 {:.1f} GFLOP/s, fp32 {:.1f} GFLOP/s (bf16 / fp32 = {:.2f}; {}): "
                "train.precision=bf16 is expected to train {} fp32 here", peak.cpu_bf16_flops / 1e9,
-               peak.cpu_fp32_flops / 1e9, ratio, detect_cpu_isa().describe(), verdict);
+               peak.cpu_fp32_flops / 1e9, ratio, cpu_and_mkl, verdict);
   if (bf16 && ratio < 0.9 && comm_->rank() == 0)
     spdlog::warn("train.precision=bf16 on a CPU whose bf16 GEMM is slower than its fp32 GEMM "
                  "(bf16 / fp32 = {:.2f}): bf16 will train slower than fp32 here; use "

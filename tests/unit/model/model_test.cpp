@@ -665,24 +665,34 @@ TEST(Linear, Bf16AutocastWeightGradientIsFloat32) {
 
 // The path decision as a function of MLLM_BF16_GEMM, the CPU's flags and the measured rates
 // (docs/precision.md): AMX -> oneMKL's bf16 GEMM; else the sgemm path below 0.8 of the fp32 rate;
-// else ATen's; the variable overrides; an unknown value is refused. And this process's path
-// follows MLLM_BF16_GEMM where it is set (unit.model_bf16_sgemm sets sgemm).
+// else oneMKL's bf16 GEMM with avx512_bf16 where it ran at 0.9 or more of ATen's bf16 GEMM; else
+// ATen's; the variable overrides; an unknown value is refused. And this process's path follows
+// MLLM_BF16_GEMM where it is set (unit.model_bf16_sgemm sets sgemm).
 TEST(Linear, Bf16GemmPathDecision) {
   using P = Bf16GemmPath;
-  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 0, 0), P::kMkl);
-  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 100, 300), P::kMkl);   // AMX first
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 320), P::kSgemm);  // 0.50
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, false, 1.4, 93), P::kSgemm);  // no bf16 units
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 79, 100), P::kSgemm);   // 0.79
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100), P::kAten);    // 0.80: not below
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238), P::kAten);   // Zen 4: 3.6
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 0, 0), P::kAten);       // not measured
-  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 0), P::kAten);
-  EXPECT_EQ(wanted_bf16_gemm_path("aten", true, true, 0, 0), P::kAten);
-  EXPECT_EQ(wanted_bf16_gemm_path("sgemm", true, true, 900, 100), P::kSgemm);
-  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, true, 160, 320), P::kMkl);
-  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, false, 0, 0), P::kAten);  // no bf16 units
-  EXPECT_THROW(wanted_bf16_gemm_path("fast", true, true, 0, 0), ConfigError);
+  // Arguments: env, amx_bf16, avx512_bf16, then ATen's bf16, fp32 and oneMKL's bf16 rates.
+  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 0, 0, 0), P::kMkl);
+  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 100, 300, 0), P::kMkl);   // AMX first
+  EXPECT_EQ(wanted_bf16_gemm_path("", true, true, 900, 300, 10), P::kMkl);  // whatever oneMKL's
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 320, 163), P::kSgemm);  // 0.50
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, false, 1.4, 93, 0), P::kSgemm);   // no bf16 units
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 79, 100, 79), P::kSgemm);   // 0.79
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100, 0), P::kAten);     // 0.80: not below
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100, 73), P::kMkl);     // 0.80, oneMKL 0.91
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 0), P::kAten);    // Zen 4: 3.6
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 850), P::kMkl);   // oneMKL 0.98
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 700), P::kAten);  // oneMKL 0.81
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 1000, 238, 899.9), P::kAten);  // just below
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, false, 869, 238, 869), P::kAten);  // no avx512_bf16
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 0, 0, 0), P::kAten);        // not measured
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 0, 0, 900), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 160, 0, 160), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("aten", true, true, 0, 0, 0), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("aten", false, true, 869, 238, 900), P::kAten);
+  EXPECT_EQ(wanted_bf16_gemm_path("sgemm", true, true, 900, 100, 900), P::kSgemm);
+  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, true, 160, 320, 10), P::kMkl);
+  EXPECT_EQ(wanted_bf16_gemm_path("mkl", false, false, 0, 0, 0), P::kAten);  // no bf16 units
+  EXPECT_THROW(wanted_bf16_gemm_path("fast", true, true, 0, 0, 0), ConfigError);
   const char* env = std::getenv("MLLM_BF16_GEMM");
   if (env != nullptr && std::string(env) == "sgemm" && mkl_sgemm_available()) {
     EXPECT_EQ(bf16_gemm_path(), P::kSgemm);
