@@ -39,8 +39,9 @@ namespace {
 constexpr double kSgemmBelowRatio = 0.8;
 // On a CPU with avx512_bf16 and no AMX whose bf16 GEMM is not slow, the fraction of ATen's bf16
 // GEMM rate from which oneMKL's is taken: its path (fused attention, float32 gradients without
-// casts) did ~300 ms less work per small-shape step than ATen's on a Xeon whose two GEMMs ran
-// at one rate (bench/README.md), so a product up to ~10% slower still leaves the step faster.
+// casts) spent ~400 ms less per small-shape step outside the linear layers' products than
+// ATen's on a Xeon whose two bf16 GEMMs ran at one rate (bench/README.md), so a product up to
+// ~10% slower still leaves the step faster.
 constexpr double kMklFromRatio = 0.9;
 
 struct GemmChoice {
