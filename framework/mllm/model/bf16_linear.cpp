@@ -101,12 +101,14 @@ GemmChoice decide_gemm(double bf16_flops, double fp32_flops, double mkl_bf16_flo
     c.why = "MLLM_BF16_GEMM=aten";
   else if (value == "mkl")
     c.why = "MLLM_BF16_GEMM=mkl, but this CPU has no bf16 units";
+  else if (measured && !isa.avx512_bf16)
+    c.why = ratio + ", and this CPU has no avx512_bf16 or AMX-BF16";
   else if (measured && !mkl_ratio.empty())
     c.why = ratio + ", and " + mkl_ratio + " (below " + fmt::format("{}", kMklFromRatio) +
             "; MLLM_BF16_GEMM=mkl takes it anyway)";
   else if (measured)
-    c.why = ratio + ", and this CPU has no AMX (MLLM_BF16_GEMM=mkl tries oneMKL's bf16 GEMM "
-                    "with avx512_bf16 alone)";
+    c.why = ratio + ", and oneMKL's bf16 GEMM was not timed (the symbol is missing, or the "
+                    "job's CPUs differ; MLLM_BF16_GEMM=mkl takes it)";
   else
     c.why = "no AMX, and no measured GEMM rates (MLLM_BF16_GEMM=mkl or sgemm chooses)";
   return c;

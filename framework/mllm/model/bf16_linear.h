@@ -69,7 +69,8 @@ Bf16GemmPath bf16_gemm_path();
 // oneMKL's cblas_gemm_bf16bf16f32, mfu.h) unless it is already decided, and returns the path in
 // use. The trainer calls it at start-up before the model's first product, with the job-wide
 // rates every rank shares, and stops (ConfigError) if the ranks still differ (MLLM_BF16_GEMM set
-// differently, or CPUs with and without AMX in one job). Throws as bf16_gemm_path.
+// differently, or CPUs with and without AMX or avx512_bf16 in one job). Throws as
+// bf16_gemm_path.
 Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops, double mkl_bf16_flops = 0);
 
 // The path the decision above wants (before the functions are looked up: bf16_gemm_path falls

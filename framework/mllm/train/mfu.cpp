@@ -6,8 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -68,7 +69,9 @@ double measure_peak_flops(bool bf16, const torch::Device& device) {
   // Random operands, as the model's are: a GPU multiplies constant ones faster (fewer toggling
   // bits; an H200's 8192^3 bf16 product ran 894 TFLOP/s on zeros, 788 on random data), which
   // would inflate the peak and deflate MFU.
-  const auto [a, b] = random_operands(n, bf16 ? torch::kBFloat16 : torch::kFloat32, device);
+  const auto operands = random_operands(n, bf16 ? torch::kBFloat16 : torch::kFloat32, device);
+  const torch::Tensor& a = operands.first;
+  const torch::Tensor& b = operands.second;
   // Warm-up: thread pool, oneDNN / cuBLAS handles and kernels, and a GPU's clocks ramping up
   // (a few ms on an H200, so a few more products there).
   const double best_s =
@@ -81,7 +84,9 @@ CpuGemmRates measure_cpu_gemm_rates(bool bf16, bool mkl_bf16) {
   const int n = 2048;
   const torch::Device cpu(torch::kCPU);
   const GemmBf16Bf16F32 gemm = mkl_bf16 ? mkl_gemm_bf16bf16f32() : nullptr;
-  const auto [a, b] = random_operands(n, torch::kFloat32, cpu);
+  const auto operands = random_operands(n, torch::kFloat32, cpu);
+  const torch::Tensor& a = operands.first;
+  const torch::Tensor& b = operands.second;
   const torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
   torch::Tensor c = torch::empty({n, n}, torch::kFloat32);
   std::vector<std::function<void()>> products{[&] { torch::mm(a, b); }};
@@ -162,11 +167,12 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
       at::set_num_threads(cores);
       // The other dtype too, to compare the two; bf16 only where it may be the faster one: a CPU
       // without bf16 units runs it through conversions, seconds of start-up for a known answer.
-      // oneMKL's bf16 GEMM where the bf16 path is chosen from it (choose_bf16_gemm).
+      // oneMKL's bf16 GEMM where the bf16 path is chosen from it (choose_bf16_gemm: a bf16 run
+      // on avx512_bf16 without AMX, MLLM_BF16_GEMM unset).
       const CpuIsa isa = detect_cpu_isa();
-      const CpuGemmRates rates =
-          measure_cpu_gemm_rates(bf16 || isa.avx512_bf16 || isa.amx_bf16,
-                                 bf16 && isa.avx512_bf16 && !isa.amx_bf16);
+      const CpuGemmRates rates = measure_cpu_gemm_rates(
+          bf16 || isa.avx512_bf16 || isa.amx_bf16,
+          bf16 && isa.avx512_bf16 && !isa.amx_bf16 && std::getenv("MLLM_BF16_GEMM") == nullptr);
       mine_fp32 = rates.fp32;
       mine_bf16 = rates.bf16;
       mine_mkl_bf16 = rates.mkl_bf16;
@@ -184,15 +190,18 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
     unit = bound_apart ? "rank(s)" : "node(s)";
   }
   comm.barrier();
-  torch::Tensor sums =
-      torch::tensor({mine, mine_fp32, mine_bf16, mine_mkl_bf16, measures ? 1.0 : 0.0},
-                    torch::kFloat64);
+  torch::Tensor sums = torch::tensor({mine, mine_fp32, mine_bf16, mine_mkl_bf16,
+                                      measures ? 1.0 : 0.0, mine_mkl_bf16 > 0 ? 1.0 : 0.0},
+                                     torch::kFloat64);
   comm.all_reduce(sums, ReduceOp::kSum);
   peak.flops = sums[0].item<double>();
   peak.cpu_fp32_flops = sums[1].item<double>();
   peak.cpu_bf16_flops = sums[2].item<double>();
-  peak.cpu_mkl_bf16_flops = sums[3].item<double>();
   const int timed = static_cast<int>(sums[4].item<double>());
+  // Only where every timing rank timed oneMKL too, so that it compares with the same nodes'
+  // bf16 sum (a job mixing CPUs with and without AMX or avx512_bf16 gets 0).
+  if (static_cast<int>(sums[5].item<double>()) == timed)
+    peak.cpu_mkl_bf16_flops = sums[3].item<double>();
   peak.nodes = device.is_cuda() ? 0 : timed;
   peak.how = fmt::format("measured {} GEMM (n={}, random operands, best of 5) {}, summed over {} "
                          "{}", dtype, device.is_cuda() ? 8192 : 2048, where, timed, unit);

@@ -41,9 +41,10 @@ struct JobPeak {
   // train.precision), to say whether bf16 is expected to be faster here; 0 on a GPU, and bf16's
   // 0 for an fp32 run on a CPU without bf16 units (avx512_bf16, amx_bf16: not timed there).
   double cpu_fp32_flops = 0, cpu_bf16_flops = 0;
-  // CPU, bf16 runs on CPUs with avx512_bf16 and no AMX: the rate of oneMKL's
-  // cblas_gemm_bf16bf16f32 (FLOP/s, nodes summed; measure_cpu_gemm_rates), which
-  // choose_bf16_gemm compares with cpu_bf16_flops (ATen's); else 0.
+  // CPU, bf16 runs on CPUs with avx512_bf16 and no AMX with MLLM_BF16_GEMM unset: the rate of
+  // oneMKL's cblas_gemm_bf16bf16f32 (FLOP/s, nodes summed; measure_cpu_gemm_rates), which
+  // choose_bf16_gemm compares with cpu_bf16_flops (ATen's); 0 elsewhere, and unless every node
+  // that measured timed it.
   double cpu_mkl_bf16_flops = 0;
   std::string how;         // how it was obtained, for the log
 };
@@ -56,8 +57,8 @@ struct JobPeak {
 // timed once (by the first local rank on it), all at the same moment; the rates are summed.
 // `bf16`: the GEMM in bf16 (train.precision), else fp32; on the CPU the other dtype is timed too
 // (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for), and for a
-// bf16 run on a CPU with avx512_bf16 and no AMX oneMKL's bf16 GEMM as well (cpu_mkl_bf16_flops:
-// which one runs the products is chosen from it, bf16_linear.h). Restores this rank's thread
+// bf16 run on a CPU with avx512_bf16 and no AMX, MLLM_BF16_GEMM unset, oneMKL's bf16 GEMM as
+// well (cpu_mkl_bf16_flops: which one runs the products is chosen from it, bf16_linear.h). Restores this rank's thread
 // count. Throws CommError if a collective fails.
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device);
 

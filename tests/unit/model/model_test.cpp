@@ -679,6 +679,7 @@ TEST(Linear, Bf16GemmPathDecision) {
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 79, 100, 79), P::kSgemm);   // 0.79
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100, 0), P::kAten);     // 0.80: not below
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 80, 100, 73), P::kMkl);     // 0.80, oneMKL 0.91
+  EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 100, 100, 90), P::kMkl);    // 0.90: from there
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 0), P::kAten);    // Zen 4: 3.6
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 850), P::kMkl);   // oneMKL 0.98
   EXPECT_EQ(wanted_bf16_gemm_path("", false, true, 869, 238, 700), P::kAten);  // oneMKL 0.81
