@@ -435,6 +435,11 @@ Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops, double mkl_b
   return gemm_choice(bf16_flops, fp32_flops, mkl_bf16_flops).path;
 }
 
+bool bf16_gemm_choice_reads_mkl_rate() {
+  const CpuIsa isa = detect_cpu_isa();
+  return std::getenv("MLLM_BF16_GEMM") == nullptr && isa.avx512_bf16 && !isa.amx_bf16;
+}
+
 GemmBf16Bf16F32 mkl_gemm_bf16bf16f32() {
   // From LibTorch's own library (its static oneMKL, LP64), not whatever a preload put first.
   static const GemmBf16Bf16F32 gemm = [] {

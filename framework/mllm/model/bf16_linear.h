@@ -82,6 +82,11 @@ Bf16GemmPath choose_bf16_gemm(double bf16_flops, double fp32_flops, double mkl_b
 Bf16GemmPath wanted_bf16_gemm_path(const std::string& env, bool amx_bf16, bool avx512_bf16,
                                    double bf16_flops, double fp32_flops, double mkl_bf16_flops);
 
+// Whether the decision reads oneMKL's bf16 GEMM rate (the mkl_bf16 argument above): with
+// MLLM_BF16_GEMM unset on a CPU with avx512_bf16 and no AMX-BF16. The trainer times that GEMM
+// only then (mfu.h).
+bool bf16_gemm_choice_reads_mkl_rate();
+
 // Whether mllm's own bf16 training products run (kMkl or kSgemm), rather than autocast's.
 // Throws as bf16_gemm_path.
 bool bf16_products_in_mllm();

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -87,8 +86,12 @@ CpuGemmRates measure_cpu_gemm_rates(bool bf16, bool mkl_bf16) {
   const auto operands = random_operands(n, torch::kFloat32, cpu);
   const torch::Tensor& a = operands.first;
   const torch::Tensor& b = operands.second;
-  const torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
-  torch::Tensor c = torch::empty({n, n}, torch::kFloat32);
+  torch::Tensor a16, b16;  // bf16 copies of the same operands, for the two bf16 products
+  if (bf16 || gemm != nullptr) {
+    a16 = a.to(torch::kBFloat16);
+    b16 = b.to(torch::kBFloat16);
+  }
+  const torch::Tensor c = gemm != nullptr ? torch::empty({n, n}, torch::kFloat32) : torch::Tensor();
   std::vector<std::function<void()>> products{[&] { torch::mm(a, b); }};
   if (bf16) products.emplace_back([&] { torch::mm(a16, b16); });
   if (gemm != nullptr)
@@ -167,12 +170,10 @@ JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Devic
       at::set_num_threads(cores);
       // The other dtype too, to compare the two; bf16 only where it may be the faster one: a CPU
       // without bf16 units runs it through conversions, seconds of start-up for a known answer.
-      // oneMKL's bf16 GEMM where the bf16 path is chosen from it (choose_bf16_gemm: a bf16 run
-      // on avx512_bf16 without AMX, MLLM_BF16_GEMM unset).
+      // oneMKL's bf16 GEMM where a bf16 run's path is chosen from it (choose_bf16_gemm).
       const CpuIsa isa = detect_cpu_isa();
       const CpuGemmRates rates = measure_cpu_gemm_rates(
-          bf16 || isa.avx512_bf16 || isa.amx_bf16,
-          bf16 && isa.avx512_bf16 && !isa.amx_bf16 && std::getenv("MLLM_BF16_GEMM") == nullptr);
+          bf16 || isa.avx512_bf16 || isa.amx_bf16, bf16 && bf16_gemm_choice_reads_mkl_rate());
       mine_fp32 = rates.fp32;
       mine_bf16 = rates.bf16;
       mine_mkl_bf16 = rates.mkl_bf16;
