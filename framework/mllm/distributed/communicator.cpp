@@ -148,11 +148,11 @@ std::shared_ptr<Communicator> make_communicator(const DistConfig& cfg, bool want
   }
   if (backend == "nccl" && !communicator_registry().contains("nccl"))
     throw ConfigError(fmt::format(
-        "dist.backend: nccl is not available in this build ({}). Build mllm against a "
-        "CUDA-enabled LibTorch with the CUDA toolkit and NCCL installed: cmake -S . -B build "
-        "-DMLLM_WITH_NCCL=ON -DCUDAToolkit_ROOT=/usr/local/cuda "
-        "-DCMAKE_PREFIX_PATH=\"$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')\" "
-        "(a CUDA build of PyTorch/LibTorch). Or set dist.backend: mpi (CPU tensors) or auto.",
+        "dist.backend: nccl is not available in this build ({}). Build mllm with CUDA: "
+        "launch/install-deps.sh --cuda-wheels (the CUDA compiler from NVIDIA's PyPI wheels; or "
+        "NVIDIA's CUDA toolkit on PATH), then cmake -S . -B build -DMLLM_WITH_NCCL=ON in a fresh "
+        "build folder, against the CUDA torch wheel launch/install-deps.sh installs. Or set "
+        "dist.backend: mpi (CPU tensors) or auto.",
         MLLM_NCCL_BUILD_NOTE));
   return communicator_registry().create(backend, cfg);
 }

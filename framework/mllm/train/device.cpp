@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "mllm/core/error.h"
+#include "mllm/version.h"
 
 namespace mllm {
 
@@ -30,11 +31,14 @@ torch::DeviceType resolve_device_type(const std::string& setting, const std::str
   const bool cuda = libtorch_has_cuda();
   const int gpus = visible_gpus();
   if (setting == "auto") return cuda && gpus > 0 ? torch::kCUDA : torch::kCPU;
+  // A CPU build (cmake/MllmTorch.cmake) does not load LibTorch's CUDA part, so its hooks say "not
+  // built" even for the CUDA torch wheel; the note says why this build has no CUDA.
   if (!cuda)
     throw ConfigError(fmt::format(
-        "{}: train.device=cuda, but this build's LibTorch has no CUDA (a CPU-only torch); build "
-        "against the CUDA torch wheel (launch/install-deps.sh), or set train.device=cpu or auto",
-        source));
+        "{}: train.device=cuda, but this is a CPU build of mllm ({}). For GPUs: "
+        "launch/install-deps.sh --cuda-wheels (the CUDA compiler from NVIDIA's PyPI wheels) or "
+        "NVIDIA's CUDA toolkit, then configure and build again; or set train.device=cpu or auto",
+        source, MLLM_CUDA_BUILD ? "LibTorch's CUDA part did not load" : MLLM_CUDA_BUILD_NOTE));
   if (gpus == 0) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     throw ConfigError(fmt::format(
