@@ -18,7 +18,7 @@
 # ctest's verdict; DIR/A.log and DIR/B.log the whole output.
 set -euo pipefail
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 DIR=/var/tmp/mllm-fresh REUSE=0 KEEP=0 ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -17,7 +17,7 @@
 # MLLM_CMAKE4_VERSION (default 4.4.5), PYTHON.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 DEV=0 TESTS=0 CUDA_WHEELS=0
 for arg in "$@"; do
   case "$arg" in
