@@ -184,6 +184,10 @@ else()
   # 1. A compiler given (CMAKE_CUDA_COMPILER, CUDACXX) or nvcc on PATH: CMake's own search, as
   #    before. A failed search is not kept in the cache, so a toolkit installed later is found
   #    by the next configure.
+  if(IS_ABSOLUTE "${CMAKE_CUDA_COMPILER}" AND NOT EXISTS "${CMAKE_CUDA_COMPILER}")
+    unset(CMAKE_CUDA_COMPILER CACHE)   # found by an earlier configure, gone since
+    unset(CMAKE_CUDA_COMPILER)
+  endif()
   if(NOT CMAKE_CUDA_COMPILER)
     unset(CMAKE_CUDA_COMPILER CACHE)
     include(CheckLanguage)

@@ -67,7 +67,8 @@ if [ "$REUSE" -eq 0 ] || [ ! -x "$FS/bin/bash" ]; then
   say "debootstrap minbase bookworm from $mirror: $((SECONDS - t0)) s"
   # Network settings of this machine: name resolution, apt sources and their Acquire:: options,
   # CA certificates (a proxy's included), pip's configuration.
-  cp /etc/resolv.conf "$FS/etc/resolv.conf"
+  cp /etc/resolv.conf /etc/hosts /etc/hostname "$FS/etc/"
+  rm -f "$FS/etc/apt/sources.list"   # debootstrap's; this machine's sources replace it
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list; do
     [ -f "$f" ] && cp "$f" "$FS$f"
   done
@@ -77,14 +78,13 @@ if [ "$REUSE" -eq 0 ] || [ ! -x "$FS/bin/bash" ]; then
   mkdir -p "$FS/usr/local/share/ca-certificates"
   cp -r /usr/local/share/ca-certificates/. "$FS/usr/local/share/ca-certificates/" 2> /dev/null || true
   [ -f /etc/pip.conf ] && cp /etc/pip.conf "$FS/etc/pip.conf"
-  mkdir -p "$FS$HOME_IN/.config/pip"
-  for f in "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
-    [ -f "$f" ] && cp "$f" "$FS$HOME_IN/.config/pip/pip.conf"
-  done
   chroot "$FS" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
     sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends git ca-certificates sudo &&
            update-ca-certificates' > "$DIR/base.log" 2>&1 || { tail -20 "$DIR/base.log"; exit 1; }
   chroot "$FS" useradd -m -s /bin/bash "$USER_NAME"
+  for f in "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
+    [ -f "$f" ] && mkdir -p "$FS$HOME_IN/.config/pip" && cp "$f" "$FS$HOME_IN/.config/pip/pip.conf"
+  done
   echo "$USER_NAME ALL=(ALL) NOPASSWD:ALL" > "$FS/etc/sudoers.d/$USER_NAME"
   chmod 440 "$FS/etc/sudoers.d/$USER_NAME"
   git clone -q "$ROOT" "$FS$HOME_IN/work/main"

@@ -64,7 +64,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Free space for LibTorch: .venv holds ~5.0 GB with the nvidia-* wheels torch brings (CUDA
-# runtime, cuBLAS, cuDNN, NCCL; measured), and pip keeps the ~3 GB of downloaded wheels in TMPDIR
+# runtime, cuBLAS, cuDNN, NCCL; measured), and pip keeps the 2.7 GB of downloaded wheels in TMPDIR
 # until it has installed them all.
 free_gib() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }
 need_space() {  # DIR GIB WHAT
@@ -168,7 +168,7 @@ if has_version torch "$TORCH_VERSION"; then
   say "torch $TORCH_VERSION already in $VENV"
 else
   need_space "$VENV" 6 "torch $TORCH_VERSION with its CUDA libraries (.venv ~5.0 GB)"
-  need_space "${TMPDIR:-/tmp}" 4 "pip's downloads of torch and its CUDA libraries (~3 GB)"
+  need_space "${TMPDIR:-/tmp}" 4 "pip's downloads of torch and its CUDA libraries (2.7 GB)"
   [ -x "$VENV/bin/python3" ] || "$PYTHON" -m venv "$VENV" || die "$PYTHON -m venv $VENV failed"
   pip_install "torch $TORCH_VERSION" "torch==$TORCH_VERSION"
 fi
