@@ -196,7 +196,9 @@ else()
   # 2. The toolkit's usual place, off PATH (NVIDIA's Debian packages do not add it to PATH);
   # 3. the compiler from NVIDIA's wheels (launch/install-deps.sh --cuda-wheels).
   if(NOT CMAKE_CUDA_COMPILER)
+    # check_language leaves NOTFOUND behind, as a cache entry and a variable.
     unset(CMAKE_CUDA_COMPILER CACHE)
+    unset(CMAKE_CUDA_COMPILER)
     set(_mllm_candidates /usr/local/cuda/bin/nvcc)
     if(_mllm_wheel_toolkit)
       list(APPEND _mllm_candidates "${_mllm_wheel_toolkit}/bin/nvcc")
@@ -206,6 +208,7 @@ else()
         _mllm_nvcc_release("${_mllm_candidate}" _mllm_release)
         if(_mllm_release)
           set(CMAKE_CUDA_COMPILER "${_mllm_candidate}" CACHE FILEPATH "CUDA compiler" FORCE)
+          set(CMAKE_CUDA_COMPILER "${_mllm_candidate}")
           break()
         endif()
       endif()
