@@ -6,12 +6,14 @@
 # copies beside it in ~/work/shared/corpus (as on our machines), this machine's apt sources, pip
 # configuration and CA certificates copied in (Debian's mirrors and PyPI are reached through them
 # here). Then command A and command B, read from README.md, each under `env -i` with a login
-# shell's PATH. No CUDA toolkit is in the chroot, whatever this machine has.
+# shell's PATH, and C: the GPU build from NVIDIA's wheels (install-deps --cuda-wheels, a CUDA
+# configure in build-cuda/, mllm-train and the NCCL probe built; nothing CUDA runs, no GPU here).
+# No CUDA toolkit is in the chroot, whatever this machine has.
 #
 #   launch/fresh-machine-check.sh [DIR]   (default /var/tmp/mllm-fresh; as root)
 #     --reuse    keep an existing DIR/rootfs (skip debootstrap and the clone); reruns A and B
 #     --keep     leave DIR/rootfs after the run (~10 GB; removed by default)
-#     --only A|B run one command
+#     --only A|B|C run one of them
 #
 # Not in CI: it downloads ~5 GB (Debian's packages, the torch wheel and its CUDA libraries) and
 # takes about an hour on 2 cores. DIR/summary.md gets the times, the main job's val loss and
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --reuse) REUSE=1 ;;
     --keep) KEEP=1 ;;
-    --only) [ $# -ge 2 ] && [[ "$2" =~ ^[AB]$ ]] || { echo "--only needs A or B" >&2; exit 2; }
+    --only) [ $# -ge 2 ] && [[ "$2" =~ ^[ABC]$ ]] || { echo "--only needs A, B or C" >&2; exit 2; }
             ONLY=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "fresh-machine-check.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -50,6 +52,9 @@ readme_command() {
 }
 CMD_A=$(readme_command A)
 CMD_B=$(readme_command B)
+CMD_C="launch/install-deps.sh --cuda-wheels && cmake -S . -B build-cuda -DMLLM_WITH_CUDA=ON \
+-DMLLM_WITH_NCCL=ON -DMLLM_BUILD_TESTS=OFF -DMLLM_BUILD_BENCH=OFF && cmake --build build-cuda -j\$(nproc) \
+--target mllm-train mllm_nccl_probe && ldd build-cuda/bin/mllm-train | grep -E 'libtorch_cuda|libnccl'"
 [ -n "$CMD_A" ] && [ -n "$CMD_B" ] || { echo "fresh-machine-check.sh: README.md's commands A and B not found" >&2; exit 1; }
 
 # ---- the fresh system ------------------------------------------------------------------------
@@ -96,6 +101,12 @@ if [ "$REUSE" -eq 0 ] || [ ! -x "$FS/bin/bash" ]; then
   say "base system: $(chroot "$FS" dpkg-query -W -f='.\n' | wc -l) packages, $(du -sh "$FS" | cut -f1);" \
       "clone of $(git -C "$ROOT" rev-parse --short HEAD)"
 fi
+if [ "$REUSE" -eq 1 ]; then
+  g=(git -c safe.directory="*" -C "$FS$HOME_IN/work/main")
+  "${g[@]}" fetch -q "$ROOT" HEAD && "${g[@]}" reset -q --hard FETCH_HEAD
+  chroot "$FS" chown -R "$USER_NAME:$USER_NAME" "$HOME_IN/work/main"
+  say "reused $FS; its clone is at $(git -C "$ROOT" rev-parse --short HEAD)"
+fi
 ! [ -e "$FS/usr/local/cuda" ] && ! chroot "$FS" sh -c 'command -v nvcc' > /dev/null ||
   { echo "fresh-machine-check.sh: the chroot has a CUDA toolkit" >&2; exit 1; }
 
@@ -136,8 +147,14 @@ if [ "$ONLY" != A ]; then
   grep -E "tests passed|tests failed out of|The following tests" "$DIR/B.log" | sed 's/^/B: /' | tee -a "$DIR/summary.log" || true
   grep -E "\(Failed\)|\(Timeout\)|Not Run|\*\*\*Skipped|Skipped" "$DIR/B.log" | sed 's/^/B:   /' | tee -a "$DIR/summary.log" || true
 fi
+rc_c=skipped
+if [ -z "$ONLY" ] || [ "$ONLY" = C ]; then
+  rc_c=0; run_in_chroot C "$CMD_C" || rc_c=$?
+  grep -E "^-- mllm: (build|nccl)" "$DIR/C.log" | sed 's/^-- /C: /' | tee -a "$DIR/summary.log" || true
+fi
 say "du: .venv $(du -sh "$FS$HOME_IN/work/main/.venv" 2> /dev/null | cut -f1), build $(du -sh "$FS$HOME_IN/work/main/build" 2> /dev/null | cut -f1), rootfs $(du -sh "$FS" | cut -f1)"
 mv "$DIR/summary.log" "$DIR/summary.md"
 [ "$KEEP" -eq 1 ] || { rm -rf "$FS"; echo "fresh-machine-check: removed $FS (--keep keeps it)"; }
 [ "$rc_a" = 0 ] || [ "$rc_a" = skipped ] || exit 1
 [ "$rc_b" = 0 ] || [ "$rc_b" = skipped ] || exit 1
+[ "$rc_c" = 0 ] || [ "$rc_c" = skipped ] || exit 1

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# launch/deps-prefix.sh, the hard way: fetch the project's Debian packages, unpack them without
-# root or dpkg into a temporary prefix, then, inside a mount namespace where the system's copies
-# of those packages are hidden (tests/launch/deps_prefix_hidden.sh), build mllm itself against
-# the prefix and train two steps at 2 ranks with the prefix's mpirun.
+# The build with nothing but Debian's packages unpacked into a prefix and the torch wheel: no
+# system copy of the build's dependencies, and no CUDA toolkit (issue 53: README's commands on a
+# machine without one). launch/deps-prefix.sh, the hard way: fetch the project's Debian packages,
+# unpack them without root or dpkg into a temporary prefix, then, inside a mount namespace where
+# the system's copies of those packages, every /usr/local/cuda* folder and every nvcc are hidden
+# (tests/launch/deps_prefix_hidden.sh), configure a clean clone of the working tree against the
+# prefix (LibTorch from the clone's .venv, this checkout's): CMake must choose the CPU build by
+# itself and say so in one line; build it, link no part of LibTorch's CUDA, train three steps at
+# 2 ranks with the prefix's mpirun, and refuse train.device=cuda and dist.backend=nccl with exit
+# 2 and how to build for GPUs. One build serves both proofs (each costs ~5 minutes of CI).
 # Needs apt and Debian's mirrors (CI has both) and a mount namespace (unshare -m, as root); without
 # them it is skipped (exit 77, with the reason). MLLM_TEST_DEBS=DIR reuses a folder of .deb files
-# that `deps-prefix.sh fetch DIR` made before (saves the download when run by hand).
+# that `deps-prefix.sh fetch DIR` made before (saves the download when run by hand). The clone is a
+# `git clone` when the working tree has no uncommitted change, else its tracked and unignored
+# files.
 source "$(dirname "$0")/../e2e/common.sh"
 D="$MLLM_SOURCE_DIR/launch/deps-prefix.sh"
 
@@ -56,6 +64,20 @@ fi
 
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: hiding the system's packages needs root (unshare -m, bind mounts)"; exit 77; fi
 if ! why=$(unshare -m true 2>&1); then echo "SKIP: unshare -m refused: $why"; exit 77; fi
-unshare -m --propagation private bash "$MLLM_SOURCE_DIR/tests/launch/deps_prefix_hidden.sh" "$WORK" ||
+SRC="$WORK/src"
+if [ -z "$(git -C "$MLLM_SOURCE_DIR" status --porcelain 2> /dev/null || echo dirty)" ]; then
+  git clone -q "$MLLM_SOURCE_DIR" "$SRC" || fail "git clone"
+  echo "deps_prefix: a clone of $(git -C "$SRC" rev-parse --short HEAD)"
+else
+  mkdir -p "$SRC"
+  (cd "$MLLM_SOURCE_DIR" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) |
+    tar -xf - -C "$SRC" || fail "copying the working tree"
+  echo "deps_prefix: the working tree's files (uncommitted changes), as a clone would have them"
+fi
+[ ! -e "$SRC/build" ] && [ ! -e "$SRC/.venv" ] || fail "the clone has a build or .venv folder"
+# The virtual environment launch/install-deps.sh would have made in the clone: this checkout's.
+[ -n "${MLLM_TORCH_PYTHON:-}" ] || { echo "SKIP: LibTorch was not taken from a Python's torch (no .venv to give the clone)"; exit 77; }
+ln -s "$(cd "$(dirname "$MLLM_TORCH_PYTHON")/.." && pwd)" "$SRC/.venv"
+unshare -m --propagation private bash "$MLLM_SOURCE_DIR/tests/launch/deps_prefix_hidden.sh" "$WORK" "$SRC" ||
   fail "inside the namespace (above)"
 echo "deps_prefix: ok ($(wc -l < "$DEBS/packages.txt") packages)"

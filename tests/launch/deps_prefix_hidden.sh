@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The second half of tests/launch/deps_prefix.sh, run by it inside a private mount namespace
-# (unshare -m) as root: WORK holds the unpacked prefix (WORK/prefix). Every regular file of the
-# system's copies of the prefix's build dependencies (sentencepiece, yaml-cpp, spdlog, fmt, CLI11,
-# nlohmann-json, zlib's headers, OpenMPI, PMIx, pkg-config) is covered by a bind mount of a file
-# that fails loudly when used: a header that is an #error, a CMake file that is a FATAL_ERROR, a
-# program that exits 97, an empty library. Then mllm is configured and built against the prefix
-# alone (libmllm, mllm_spm, mllm-train) and trains two steps at 2 ranks with the prefix's mpirun,
-# with the BPE tokenizer, so that libmllm_spm loads the prefix's sentencepiece at run time.
+# (unshare -m) as root: WORK holds the unpacked prefix (WORK/prefix), SRC the clean clone (its
+# .venv linked in). Every regular file of the system's copies of the prefix's build dependencies
+# (sentencepiece, yaml-cpp, spdlog, fmt, CLI11, nlohmann-json, zlib's headers, OpenMPI, PMIx,
+# pkg-config) is covered by a bind mount of a file that fails loudly when used: a header that is
+# an #error, a CMake file that is a FATAL_ERROR, a program that exits 97, an empty library. The
+# CUDA toolkit is hidden too: an empty read-only tmpfs over every /usr/local/cuda* folder, the
+# failing program over every nvcc on PATH and in the wheels' nvidia/cu*/bin. Then the clone is
+# configured and built against the prefix alone (libmllm, mllm_spm, mllm-train) as the CPU build,
+# trains three steps at 2 ranks with the prefix's mpirun, with the BPE tokenizer, so that
+# libmllm_spm loads the prefix's sentencepiece at run time, and refuses what needs CUDA.
 set -euo pipefail
-WORK=$1
+WORK=$1 SRC=$2
 : "${MLLM_SOURCE_DIR:?set by ctest}"
 fail() { echo "FAIL (mount namespace): $*" >&2; exit 1; }
 P="$WORK/prefix/usr"
@@ -50,6 +53,28 @@ if [ -e /usr/include/sentencepiece_processor.h ]; then
   grep -q "hidden by" /usr/include/sentencepiece_processor.h || fail "the system's sentencepiece header is not hidden"
 fi
 
+# ---- hide the CUDA toolkit ---------------------------------------------------------------
+declare -A seen=()
+for d in /usr/local/cuda*; do
+  real=$(readlink -f "$d") || continue
+  [ -d "$real" ] && [ -z "${seen[$real]:-}" ] || continue
+  seen[$real]=1
+  mount -t tmpfs -o ro,size=64k none "$real" || fail "mount a tmpfs over $real"
+  echo "deps_prefix: hid $real"
+done
+site=$("$SRC/.venv/bin/python3" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+mapfile -t nvccs < <({ type -ap nvcc || true; ls "$site"/nvidia/cu*/bin/nvcc 2> /dev/null || true; } | sort -u)
+for n in "${nvccs[@]}"; do
+  [ -f "$n" ] || continue
+  mount --bind "$WORK/poison/program" "$(readlink -f "$n")" || fail "bind mount over $n"
+  echo "deps_prefix: hid $n"
+done
+unset CUDA_HOME CUDA_PATH CUDA_ROOT CUDACXX CUDAToolkit_ROOT CUDA_TOOLKIT_ROOT_DIR
+for n in $(type -ap nvcc || true) /usr/local/cuda/bin/nvcc; do
+  ! "$n" --version > /dev/null 2>&1 || fail "$n still runs"
+done
+[ -z "$(ls -A /usr/local/cuda/ 2> /dev/null)" ] || fail "/usr/local/cuda/ is not empty"
+
 # ---- the prefix alone --------------------------------------------------------------------
 # The OpenMPI settings ctest exports would mask a lost openmpi-mca-params.conf: the prefix's own
 # file must be what selects the transport.
@@ -90,13 +115,21 @@ grep -q "sum 2 of 2" <<< "$out" || fail "2-rank run: $out"
 ! grep -q "Sorry! You were supposed to get help" <<< "$out" || fail "PMIx/OpenMPI help files not found: $out"
 
 # ---- mllm itself -------------------------------------------------------------------------
-# -O1: this build only has to prove where every dependency comes from, and trains two steps.
+# -O1: this build only has to prove where every dependency comes from, that it needs no CUDA
+# toolkit, and that it trains. Configured as the README does it (no -D for CUDA or LibTorch).
 t0=$SECONDS
 # shellcheck disable=SC2046
-cmake -S "$MLLM_SOURCE_DIR" -B "$WORK/build" -DMLLM_BUILD_TESTS=OFF -DMLLM_BUILD_BENCH=OFF \
-  -DCMAKE_CXX_FLAGS_RELEASE=-O1 $("$MLLM_SOURCE_DIR/launch/deps-prefix.sh" cmake-args "$WORK/prefix") \
+cmake -S "$SRC" -B "$WORK/build" -DMLLM_BUILD_TESTS=OFF -DMLLM_BUILD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS_RELEASE=-O1 $("$SRC/launch/deps-prefix.sh" cmake-args "$WORK/prefix") \
   > "$WORK/cmake.log" 2>&1 || { tail -30 "$WORK/cmake.log"; fail "configure against the prefix"; }
+line=$(grep "mllm: build:" "$WORK/cmake.log" || true)
+echo "deps_prefix: ${line#-- }"
+[ "$(grep -c "mllm: build:" "$WORK/cmake.log")" -eq 1 ] || fail "not one 'mllm: build:' configure line"
+[[ "$line" == *"mllm: build: CPU only"*"no CUDA toolkit found"* ]] || fail "not the CPU build: $line"
+! grep -q "CUDA_ARCHITECTURES\|Caffe2\|CUDA::" "$WORK/cmake.log" ||
+  { grep -n "CUDA_ARCHITECTURES\|Caffe2\|CUDA::" "$WORK/cmake.log"; fail "CUDA in the configure log"; }
 cache() { sed -n "s/^$1:[A-Z]*=//p" "$WORK/build/CMakeCache.txt"; }
+[ "$(cache MLLM_WITH_CUDA)" = AUTO ] || fail "MLLM_WITH_CUDA is '$(cache MLLM_WITH_CUDA)', not AUTO"
 for var in yaml-cpp_DIR spdlog_DIR fmt_DIR CLI11_DIR nlohmann_json_DIR MPI_C_COMPILER PKG_CONFIG_EXECUTABLE \
            SENTENCEPIECE_INCLUDEDIR pkgcfg_lib_SENTENCEPIECE_sentencepiece ZLIB_INCLUDE_DIR; do
   [[ "$(cache "$var")" == "$P"* ]] || fail "$var is '$(cache "$var")', not from the prefix"
@@ -115,22 +148,46 @@ spm=$(find "$WORK/build" -name 'libmllm_spm.so' | head -1)
 # Here-strings, not pipes: grep -q stops reading at the match, and under pipefail the writer's
 # SIGPIPE failed the check although the line was there (seen once in CI).
 grep -q "$P/lib/x86_64-linux-gnu/libsentencepiece.so" <<<"$(ldd "$spm")" || fail "libmllm_spm: $(ldd "$spm")"
-grep -q "$P/lib/x86_64-linux-gnu/libyaml-cpp" <<<"$(ldd "$WORK/build/bin/mllm-train")" || fail "mllm-train: $(ldd "$WORK/build/bin/mllm-train")"
+bin="$WORK/build/bin/mllm-train"
+libs=$(ldd "$bin")
+grep -q "$P/lib/x86_64-linux-gnu/libyaml-cpp" <<< "$libs" || fail "mllm-train: $libs"
+# The CPU build: LibTorch's CPU part only (libtorch_cpu still loads the wheel's CUDA runtime and
+# CUPTI for its profiler; no CUDA code runs).
+grep -q "libtorch_cpu.so" <<< "$libs" || fail "mllm-train does not link libtorch_cpu: $libs"
+! grep -q -E "libtorch_cuda|libc10_cuda|libtorch\.so|libnccl" <<< "$libs" ||
+  fail "mllm-train links LibTorch's CUDA part: $(grep -E "libtorch_cuda|libc10_cuda|libtorch\.so|libnccl" <<< "$libs")"
+grep -q "#define MLLM_CUDA_BUILD 0" "$WORK/build/generated/include/mllm/version.h" ||
+  fail "version.h: $(grep CUDA "$WORK/build/generated/include/mllm/version.h")"
 
-# Two steps at 2 ranks, the BPE tokenizer trained and loaded through the prefix's sentencepiece.
+# Three steps at 2 ranks, the BPE tokenizer trained and loaded through the prefix's sentencepiece.
 run="$WORK/run"
+common=("$SRC/tests/assets/tiny.yaml" "data.cache_dir=$WORK/cache" "data.corpus=[$SRC/data/tang300/tang300.jsonl]"
+        "data.tokenizer={type: bpe, vocab_size: 3000}" checkpoint.every_steps=0 eval.every_steps=0)
 out=$(OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo \
-      mpirun -np 2 --bind-to none --oversubscribe "$WORK/build/bin/mllm-train" \
-      "$MLLM_SOURCE_DIR/tests/assets/tiny.yaml" run.out_dir="$run" data.cache_dir="$WORK/cache" \
-      data.corpus="[$MLLM_SOURCE_DIR/data/tang300/tang300.jsonl]" "data.tokenizer={type: bpe, vocab_size: 3000}" \
-      train.max_steps=2 checkpoint.every_steps=0 eval.every_steps=0 2>&1) ||
+      mpirun -np 2 --bind-to none --oversubscribe "$bin" "${common[@]}" run.out_dir="$run" \
+      train.max_steps=3 2>&1) ||
   { echo "$out" | tail -30; fail "mllm-train at 2 ranks under the prefix's mpirun"; }
 grep -q "world size 2 (mpi backend)" <<< "$out" || fail "not a 2-rank mpi run: $(echo "$out" | head -20)"
+grep -q "device cpu" <<< "$out" || fail "not a CPU run: $(echo "$out" | head -20)"
 ! grep -q "Sorry! You were supposed to get help" <<< "$out" || fail "PMIx/OpenMPI help files not found"
-python3 - "$run/metrics.jsonl" <<'PY' || fail "metrics of the 2-step run"
+python3 - "$run/metrics.jsonl" <<'PY' || fail "metrics of the 3-step run"
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-assert [r["step"] for r in rows] == [1, 2], rows
+assert [r["step"] for r in rows] == [1, 2, 3], rows
 assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in rows), rows
 print("deps_prefix: trained", len(rows), "steps at 2 ranks, losses", [round(r["loss"], 4) for r in rows])
 PY
+
+# What needs CUDA is refused: exit 2, the reason and how to build for GPUs, nothing written.
+expect2() {  # PATTERN overrides...
+  local pattern=$1 code=0
+  shift
+  "$bin" "${common[@]}" run.out_dir="$WORK/refused" "$@" > "$WORK/log" 2>&1 || code=$?
+  [ "$code" -eq 2 ] || { cat "$WORK/log"; fail "$*: exit $code, expected 2"; }
+  grep -q -- "$pattern" "$WORK/log" || { cat "$WORK/log"; fail "$*: no '$pattern' in the message"; }
+  grep -q -- "--cuda-wheels" "$WORK/log" || { cat "$WORK/log"; fail "$*: the message does not say how to build for GPUs"; }
+  [ ! -e "$WORK/refused" ] || fail "$*: the refused run wrote its folder"
+}
+expect2 "this is a CPU build of mllm (LibTorch's CUDA part left out: no CUDA toolkit found" train.device=cuda
+expect2 "dist.backend: nccl is not available in this build" dist.backend=nccl
+echo "deps_prefix: the CPU build refuses train.device=cuda and dist.backend=nccl (exit 2)"
