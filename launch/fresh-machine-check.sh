@@ -127,7 +127,7 @@ run_in_chroot() {  # NAME COMMAND
   return "$rc"
 }
 rc_a=skipped rc_b=skipped
-if [ "$ONLY" != B ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = A ]; then
   rc_a=0; run_in_chroot A "$CMD_A" || rc_a=$?
   metrics="$FS$HOME_IN/work/main/runs/mini/metrics.jsonl"
   if [ -f "$metrics" ]; then
@@ -142,7 +142,7 @@ PY
   fi
   grep -E "^-- mllm: build:" "$DIR/A.log" | sed 's/^-- /A: /' | tee -a "$DIR/summary.log" || true
 fi
-if [ "$ONLY" != A ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = B ]; then
   rc_b=0; run_in_chroot B "$CMD_B" || rc_b=$?
   grep -E "tests passed|tests failed out of|The following tests" "$DIR/B.log" | sed 's/^/B: /' | tee -a "$DIR/summary.log" || true
   grep -E "\(Failed\)|\(Timeout\)|Not Run|\*\*\*Skipped|Skipped" "$DIR/B.log" | sed 's/^/B:   /' | tee -a "$DIR/summary.log" || true
