@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "mllm/model/cpu_attention.h"
+#include "mllm/kernels/cpu/attention.h"
 #include "mllm/model/dropout.h"
 
 #include "bench_util.h"

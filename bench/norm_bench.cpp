@@ -1,4 +1,4 @@
-// The normalizations of model/norm.h, forward + backward, against LibTorch's compositions on the
+// The normalizations of kernels/norm.h, forward + backward, against LibTorch's compositions on the
 // same float32 inputs, interleaved: with rms=0 a post-LN block's residual step,
 // mllm::dropout_add_layer_norm against torch::layer_norm(residual + mllm::dropout(branch)) in
 // training with dropout p; with rms=1 mllm::rms_norm against llama's former composition

@@ -95,7 +95,7 @@ class GeluMini : public mllm::LanguageModel {
     return mllm::linear(lm_head, hidden(tokens, &cache));
   }
   // What training and evaluation call: the head and the loss as one (float32 on the CPU: no
-  // [batch * seq, vocab] logits; mllm/model/loss.h).
+  // [batch * seq, vocab] logits; mllm/kernels/cross_entropy.h).
   torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     return mllm::head_loss(lm_head, hidden(tokens, nullptr), targets);
   }

@@ -38,7 +38,7 @@ for i, (a, b, c) in enumerate(zip(f32, acc2, acc1), 1):
     assert abs(b - a) <= 0.02 * a, f"step {i}: bf16 {b} vs fp32 {a}"
     assert abs(b - c) <= 0.02 * c, f"step {i}: accumulation 2 {b} vs 1 {c}"
 PY
-# MLLM_BF16_GEMM (model/bf16_linear.h) picks what runs the bf16 products: "aten" ATen's bf16
+# MLLM_BF16_GEMM (kernels/cpu/bf16_linear.h) picks what runs the bf16 products: "aten" ATen's bf16
 # products (autocast's linear layers), "mkl" oneMKL's bf16 GEMM (ATen's where the CPU has no bf16
 # units), "sgemm" float32 sgemm on the widened bf16 operands. All follow the default path step by
 # step; the start-up line says which path runs; the forward of the default path is bit for bit

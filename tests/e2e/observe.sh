@@ -93,7 +93,7 @@ assert any(re.fullmatch(r"bucket \d+ all-reduce", n) for n in names), sorted(nam
 assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in ops), "no matmul op"
 # profile.record_shapes: a projection's addmm has tiny.yaml's shapes (micro-batch 2 x seq 32 =
 # 64 tokens, d_model 32: input [64, 32], weight^T [32, 32]), float32; its first input is the
-# output already holding the bias rows, [64, 32] (mllm's float32 CPU linear, f32_linear.h), or
+# output already holding the bias rows, [64, 32] (mllm's float32 CPU linear, kernels/cpu/f32_linear.h), or
 # the bias [32] (ATen's linear).
 proj = [e for e in ops if e["name"] == "aten::addmm" and
         e.get("args", {}).get("Input Dims", [])[:3] in ([[64, 32], [64, 32], [32, 32]],

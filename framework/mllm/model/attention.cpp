@@ -5,7 +5,7 @@
 #include <string>
 
 #include "mllm/core/error.h"
-#include "mllm/model/cpu_attention.h"
+#include "mllm/kernels/attention.h"
 #include "mllm/model/model.h"
 
 namespace mllm {
@@ -40,36 +40,6 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t offset) const {
   return out.to(x.scalar_type());
 }
 
-namespace {
-// `blocked` [batch or 1, 1, seq, keys] bool as a bias of `dtype`: 0 where allowed, -1e9 where
-// blocked. The blocks of one forward pass share one mask: on the CPU the bias of the last mask
-// asked for is kept (with the mask, so that its storage is not reused while the entry lives,
-// and the mask's version, so that an in-place change is seen) and served again for the same
-// mask, once per forward instead of once per block. (No cache for device tensors: a
-// thread_local one would outlive the device's allocator at exit.) Used by eager attention on
-// bf16 scores and by sdpa's attn_mask.
-torch::Tensor additive_mask(const torch::Tensor& blocked, torch::ScalarType dtype) {
-  auto build = [&] {
-    auto bias = torch::zeros(blocked.sizes(), blocked.options().dtype(dtype));
-    return bias.masked_fill_(blocked, -1e9);
-  };
-  if (!blocked.is_cpu()) return build();
-  thread_local torch::Tensor last_mask, last_bias;
-  thread_local int64_t last_version = -1;
-  if (last_mask.defined() && last_mask.is_same(blocked) && last_bias.scalar_type() == dtype &&
-      static_cast<int64_t>(blocked._version()) == last_version)
-    return last_bias;
-  last_mask = blocked;
-  last_version = static_cast<int64_t>(blocked._version());
-  last_bias = build();
-  return last_bias;
-}
-}  // namespace
-
-bool uses_sdpa(const std::string& impl, const torch::Device& device) {
-  return impl == "sdpa" || (impl == "auto" && device.is_cuda());
-}
-
 AttentionImpl::AttentionImpl(const AttentionOptions& options)
     : options_(options), head_dim_(options.d_model / options.n_heads) {
   MLLM_CHECK(options.n_heads > 0 && options.d_model % options.n_heads == 0,
@@ -100,13 +70,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     q = rope->apply(q, offset);
     k = rope->apply(k, offset);
   }
-  // bf16 or float32 q/k/v on the CPU where oneMKL's product for them is in use, without a KV
-  // cache: the fused kernel (cpu_attention.h: the same attention in one pass per head; bf16
-  // about 2x faster per layer and more exact, float32 the same numbers to float32 rounding).
-  if (cache_k == nullptr && !uses_sdpa(options_.impl, x.device()) && blocked.defined() &&
-      cpu_attention_available(q.scalar_type()) && cpu_attention_applies(q, k, v, blocked)) {
-    const auto out = cpu_attention(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd)),
-                                   options_.attn_dropout, is_training());
+  // Which path computes it (kernels/attention.h): mllm's fused CPU kernel, LibTorch's sdpa, or
+  // the eager computation below.
+  const AttentionPath path = attention_path(options_.impl, q, k, v, blocked, cache_k != nullptr);
+  if (path == AttentionPath::kCpuFused) {
+    const auto out = fused_attention(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd)),
+                                     options_.attn_dropout, is_training());
     return linear(o_proj, out);
   }
   v = v.transpose(1, 2);
@@ -124,19 +93,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = k.repeat_interleave(h / kvh, 1);
     v = v.repeat_interleave(h / kvh, 1);
   }
-  if (uses_sdpa(options_.impl, x.device())) {
+  if (path == AttentionPath::kSdpa) {
     const double p = is_training() ? options_.attn_dropout : 0.0;
-    torch::Tensor out;
-    if (!blocked.defined()) {
-      MLLM_CHECK(q.size(2) == k.size(2), "attention: a causal call without mask needs no cache");
-      out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
-    } else {
-      // Additive, as eager's masked_fill(-1e9): rows with every key masked stay finite.
-      out = at::scaled_dot_product_attention(q, k, v, additive_mask(blocked, q.scalar_type()), p,
-                                             /*is_causal=*/false);
-    }
+    const auto out = sdpa_attention(q, k, v, blocked, p);
     return linear(o_proj, out.transpose(1, 2).reshape({b, t, h * hd}));
   }
+  // Eager: the reference computation (the PyTorch reference and the study notes' MiniLLM).
   MLLM_CHECK(blocked.defined(), "attention: eager attention needs the mask");
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   torch::Tensor scores;

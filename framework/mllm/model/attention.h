@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "mllm/kernels/attention.h"
 #include "mllm/model/dropout.h"
 
 namespace mllm {
@@ -47,27 +49,17 @@ struct AttentionOptions {
   std::string impl = "eager";  // eager | sdpa | auto (model.attn_impl; see uses_sdpa)
 };
 
-// Whether attention runs through torch::scaled_dot_product_attention for tensors on `device`:
-// impl "sdpa" always, "auto" on CUDA (flash / memory-efficient kernels), "eager" never.
-bool uses_sdpa(const std::string& impl, const torch::Device& device);
-
 // Separate Q/K/V/O projections (parameters q_proj, k_proj, v_proj, o_proj). Heads are split to
 // [batch, heads, seq, head_dim]; key/value head j serves query heads j*r .. j*r+r-1 with
 // r = n_heads / n_kv_heads (repeat_interleave, as Meta's repeat_kv).
-// eager: scores / sqrt(head_dim), masked_fill(blocked, -1e9), softmax, dropout, weighted sum of
-// values, o_proj. On the CPU, calls without a KV cache whose q/k/v are bf16 (autocast) or
-// float32 run cpu_attention (cpu_attention.h) where cpu_attention_available(q's dtype) and
-// cpu_attention_applies() say so: the same attention in one pass per head and the same dropout
-// mask (bf16: float32 scores and gradients of the probabilities; float32: the unfused path's
-// values to float32 rounding, docs/precision.md). Otherwise the unfused path: float32 scores
-// when autocast is off, as the PyTorch reference computes them; under bf16 autocast the
-// scores, softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask
-// added as a bias of 0 / -1e9, which gives masked_fill's values; the softmax kernels accumulate
-// in float32 and round once).
-// sdpa: torch::scaled_dot_product_attention (same scale; an undefined `blocked` means plain
-// causal attention, is_causal with no mask tensor; a defined one is added as -1e9, so masked
-// rows behave as in eager). Agrees with eager to float rounding; its dropout draws other
-// random numbers.
+// The path is the op's choice (kernels/attention.h: attention_path): mllm's fused CPU kernel
+// (no KV cache, bf16 or float32 q/k/v where mllm's products run), LibTorch's sdpa (impl sdpa,
+// or auto on CUDA), or eager, written out in attention.cpp: scores / sqrt(head_dim),
+// masked_fill(blocked, -1e9), softmax, dropout, weighted sum of values, o_proj — float32 scores
+// when autocast is off, as the PyTorch reference computes them; under bf16 autocast the scores,
+// softmax and dropout stay bf16 (q * 1/sqrt(head_dim) before the product; the mask added as a
+// bias of 0 / -1e9, which gives masked_fill's values; the softmax kernels accumulate in float32
+// and round once).
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const AttentionOptions& options);

@@ -45,7 +45,7 @@ struct LlamaOptions {
 
 namespace detail {
 // y = x / sqrt(mean(x^2) + eps) * weight, normalised in float32 then cast back to x's dtype
-// before the weight (Zhang & Sennrich 2019; as Meta's RMSNorm); mllm::rms_norm (norm.h: one
+// before the weight (Zhang & Sennrich 2019; as Meta's RMSNorm); mllm::rms_norm (kernels/norm.h: one
 // pass per row in CPU float32). Parameter: weight [dim].
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -98,7 +98,7 @@ class Llama : public LanguageModel {
 
   torch::Tensor forward(const torch::Tensor& tokens) override;
   torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) override;
-  // head_loss (model.h) over the last hidden states: on the CPU in float32 without logits.
+  // head_loss (loss.h) over the last hidden states: on the CPU in float32 without logits.
   torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   int64_t vocab_size() const override { return options_.vocab_size; }
   int64_t max_seq_len() const override { return options_.max_seq_len; }

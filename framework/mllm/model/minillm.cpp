@@ -72,7 +72,7 @@ MiniLLMBlockImpl::MiniLLMBlockImpl(const MiniLLMOptions& o) {
 torch::Tensor MiniLLMBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& blocked,
                                         int64_t offset, torch::Tensor* cache_k,
                                         torch::Tensor* cache_v) {
-  // norm(x + drop(branch)): on the CPU in float32 one pass per row (norm.h).
+  // norm(x + drop(branch)): on the CPU in float32 one pass per row (kernels/norm.h).
   auto h = dropout_add_layer_norm(x, attn(x, blocked, nullptr, offset, cache_k, cache_v), *drop1,
                                   *norm1);
   return dropout_add_layer_norm(h, ffn(h), *drop2, *norm2);

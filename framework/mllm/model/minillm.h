@@ -75,7 +75,7 @@ class MiniLLM : public LanguageModel {
 
   torch::Tensor forward(const torch::Tensor& tokens) override;
   torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) override;
-  // head_loss (model.h) over the last hidden states: on the CPU in float32 without logits.
+  // head_loss (loss.h) over the last hidden states: on the CPU in float32 without logits.
   torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets) override;
   int64_t vocab_size() const override { return options_.vocab_size; }
   int64_t max_seq_len() const override { return options_.max_seq_len; }

@@ -8,11 +8,7 @@
 #include <tuple>
 #include <unordered_set>
 
-#include <ATen/autocast_mode.h>
-
 #include "mllm/core/error.h"
-#include "mllm/model/bf16_linear.h"
-#include "mllm/model/f32_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
@@ -122,70 +118,22 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
-namespace {
-// Whether linear goes through bf16_autocast_linear (model.h): in training, and outside grad mode
-// (so that evaluation and a checkpointed block's first pass compute what training does).
-bool bf16_own_linear(const torch::Tensor& weight, const torch::Tensor& x) {
-  return x.is_cpu() && weight.is_cpu() && weight.scalar_type() == torch::kFloat &&
-         at::autocast::is_autocast_enabled(at::kCPU) &&
-         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 && bf16_products_in_mllm();
-}
-bool bf16_training_linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return bf16_own_linear(layer->weight, x);
-}
-}  // namespace
-
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const torch::Tensor& bias) {
-  if (bf16_own_linear(weight, x)) return bf16_autocast_linear(x, weight, bias);
-  if (f32_cpu_linear(x, weight)) return f32_linear(x, weight, bias);
-  return torch::linear(x, weight, bias);
-}
-
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return linear(x, layer->weight, layer->bias);
 }
 
-torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
-                        const torch::Tensor& bias, const torch::Tensor& targets) {
-  if (lm_head_loss_fusable(x, weight)) return lm_head_loss_sum(x, weight, bias, targets);
-  return lm_loss_sum(linear(x, weight, bias), targets);
-}
-
-torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
-                        const torch::Tensor& targets) {
-  if (lm_head_loss_fusable(x, head->weight))
-    return lm_head_loss_sum(x, head->weight, head->bias, targets);
-  return lm_loss_sum(linear(head, x), targets);
+torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return linear_relu(x, layer->weight, layer->bias);
 }
 
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
                                    const torch::Tensor& x) {
-  // One product takes them when every layer has a bias or none, all have one in-features and
-  // all are on the same fused path (bf16 training, or float32 on the CPU).
-  bool uniform = !layers.empty(), bf16 = uniform, f32 = uniform;
   std::vector<torch::Tensor> weights, biases;
   for (const auto& layer : layers) {
-    uniform = uniform && layer->bias.defined() == layers[0]->bias.defined() &&
-              layer->weight.size(1) == layers[0]->weight.size(1);
-    bf16 = bf16 && bf16_training_linear(layer, x);
-    f32 = f32 && f32_cpu_linear(x, layer->weight);
     weights.push_back(layer->weight);
-    if (layer->bias.defined()) biases.push_back(layer->bias);
+    biases.push_back(layer->bias);
   }
-  if (uniform && bf16) return bf16_autocast_linears(x, weights, biases);
-  if (uniform && f32) return f32_linears(x, weights, biases);
-  std::vector<torch::Tensor> out;
-  for (const auto& layer : layers) out.push_back(linear(layer, x));
-  return out;
-}
-
-torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  if (bf16_training_linear(layer, x))
-    return bf16_autocast_linear(x, layer->weight, layer->bias, /*relu=*/true);
-  if (f32_cpu_linear(x, layer->weight))
-    return f32_linear(x, layer->weight, layer->bias, /*relu=*/true);
-  return torch::relu(torch::linear(x, layer->weight, layer->bias));
+  return linears(x, weights, biases);
 }
 
 void init_weights(torch::nn::Module& model, double std, int64_t n_layers,

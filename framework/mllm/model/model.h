@@ -1,6 +1,8 @@
 // The language-model interface every model family implements, its KV cache, and the model
 // registry (`model.type` in the recipe: minillm, llama; plugins may add more).
-// Families live in minillm.h / llama.h; the shared attention code in attention.h.
+// Families live in minillm.h / llama.h; the shared attention code in attention.h. The ops they
+// compute with (linear layers, attention, norms, dropout, the loss) are in kernels/, one header
+// per op family with its device paths.
 #pragma once
 
 #include <torch/torch.h>
@@ -14,7 +16,9 @@
 #include "mllm/core/registry.h"
 
 #include "mllm/core/special_tokens.h"
+#include "mllm/kernels/linear.h"
 #include "mllm/model/activation_checkpoint.h"
+#include "mllm/model/loss.h"
 
 namespace mllm {
 
@@ -81,11 +85,11 @@ class LanguageModel : public torch::nn::Module {
   // one.
   virtual torch::Tensor forward_cached(const torch::Tensor& tokens, KVCache& cache) = 0;
 
-  // tokens [batch, seq] int64 (as forward), targets [batch, seq] int64 -> [] float32: the
-  // summed loss lm_loss_sum(forward(tokens), targets) (loss.h), what training and evaluation
-  // compute. The built-in families run their output head and the loss as one through head_loss
-  // (float32 on the CPU: no [batch * seq, vocab] logits, the same loss and gradients up to
-  // float32 rounding); this default calls forward and lm_loss_sum. Throws what forward and
+  // tokens [batch, seq] int64 (as forward), targets [batch, seq] int64 -> [] float32: the summed
+  // loss lm_loss_sum(forward(tokens), targets) (kernels/cross_entropy.h), what training and
+  // evaluation compute. The built-in families run their output head and the loss as one through
+  // head_loss (float32 on the CPU: no [batch * seq, vocab] logits, the same loss and gradients up
+  // to float32 rounding); this default calls forward and lm_loss_sum. Throws what forward and
   // lm_loss_sum throw (on the fused path lm_head_loss_sum's errors instead of lm_loss_sum's).
   virtual torch::Tensor forward_loss(const torch::Tensor& tokens, const torch::Tensor& targets);
 
@@ -155,52 +159,24 @@ void register_builtin_models();
 // Building blocks the model families share, for the built-ins and for plugin models
 // (examples/plugin/gelu_plugin.cpp uses them).
 
-// x [..., in] -> [..., out] = x @ layer->weight^T + layer->bias, through ATen's linear op as
-// PyTorch's nn.Linear calls it (a contiguous 3-D input with a bias is one addmm). Use it instead
-// of layer(x): the C++ frontend's Linear::forward decomposes into matmul(x, weight.t()) plus a
-// separate bias add, so bf16 autocast sees a view of the weight, which it cannot cache, and
-// casts every weight again on every call; through linear it casts weight and bias once per
-// optimizer step (docs/precision.md). Under CPU bf16 autocast (a float32 weight, in grad mode
-// and outside it) on a CPU where bf16_products_in_mllm() it goes through bf16_autocast_linear
-// (bf16_linear.h): the same forward values (bit for bit on oneMKL's bf16 GEMM path; summed in
-// another float32 order on the sgemm path), the weight gradient in float32. float32 on the CPU
-// outside autocast goes through f32_linear (f32_linear.h): the same values bit for bit without
-// addmm's broadcast copy of the bias. Errors: as torch::linear's (c10::Error), or mllm::Error
-// for mismatched shapes on the float32 CPU path.
+// The linear layers of a block, through the op of kernels/linear.h (its path chosen there: mllm's
+// bf16 or float32 CPU kernels, or ATen's linear op as PyTorch's nn.Linear calls it, where a
+// contiguous 3-D input with a bias is one addmm). Use linear(layer, x) instead of layer(x): the
+// C++ frontend's Linear::forward decomposes into matmul(x, weight.t()) plus a separate bias add,
+// so bf16 autocast sees a view of the weight, which it cannot cache, and casts every weight again
+// on every call; through linear it casts weight and bias once per optimizer step
+// (docs/precision.md). x [..., in] -> [..., out] = x @ layer->weight^T + layer->bias. Errors: as
+// the op's.
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x);
-// The same for a weight [out, in] and a bias [out] (or undefined) that are not a Linear's, such
-// as llama's tied head (the token embedding's weight).
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const torch::Tensor& bias);
 
-// The summed loss of an output head over hidden states x [batch, seq, d] with targets [batch,
-// seq] int64 -> [] float32: lm_head_loss_sum(x, weight, bias, targets) where
-// lm_head_loss_fusable(x, weight) (float32 on the CPU outside autocast), else
-// lm_loss_sum(linear(x, weight, bias), targets). bias may be undefined. Same errors as
-// those.
-torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight,
-                        const torch::Tensor& bias, const torch::Tensor& targets);
-// The same for a Linear head, whose logits go through linear() (its bf16 training path) when
-// not fused.
-torch::Tensor head_loss(const torch::nn::Linear& head, const torch::Tensor& x,
-                        const torch::Tensor& targets);
-
-// relu(linear(layer, x)), the same values [..., out]; on linear's bf16 training path one fused op
-// (bf16_autocast_linear with relu: oneDNN, or the sgemm path's rounding pass, applies the ReLU to
-// the float32 accumulator before rounding, which equals rounding first, as ReLU commutes with
-// rounding; a NaN pre-activation gives 0 with oneDNN instead of NaN); on the float32 CPU path
-// f32_linear with relu (the ReLU in place on the product, the same values).
+// relu(linear(layer, x)), the same values [..., out] (kernels/linear.h: linear_relu, one fused op
+// on mllm's CPU paths).
 torch::Tensor linear_relu(const torch::nn::Linear& layer, const torch::Tensor& x);
 
 // {linear(layers[i], x)} for several layers reading the same x [..., in] (attention's Q/K/V
-// projections, SwiGLU's gate and up), each [..., out_i], the same values. On linear's bf16
-// training path, with every layer's weight on it and all layers with a bias or none, one product
-// (bf16_autocast_linears): x cast once, one GEMM over the concatenated bf16 weights; the outputs
-// are then views of one tensor and must not be modified in place. Likewise on the float32 CPU
-// path outside autocast (f32_linears: one float32 product over the concatenated weights, in
-// grad mode and out of it; its values are the separate layers' up to float32 rounding, as a
-// product over more columns may block its sums differently). Errors: as torch::linear's
-// (c10::Error), or mllm::Error for mismatched shapes on the float32 CPU path.
+// projections, SwiGLU's gate and up), each [..., out_i], the same values: one product where the
+// op's linears takes them (kernels/linear.h), whose outputs are then views of one tensor and must
+// not be modified in place.
 std::vector<torch::Tensor> linears(const std::vector<torch::nn::Linear>& layers,
                                    const torch::Tensor& x);
 

@@ -18,7 +18,7 @@
 
 #include "mllm/core/blas.h"
 #include "mllm/distributed/communicator.h"
-#include "mllm/model/bf16_linear.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
 #include "mllm/train/device.h"
 
 namespace mllm {

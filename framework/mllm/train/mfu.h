@@ -21,13 +21,13 @@ class Communicator;
 // untouched.
 double measure_peak_flops(bool bf16, const torch::Device& device = torch::Device(torch::kCPU));
 
-// This process's CPU GEMM rates in FLOP/s at the current thread count, n = 2048 on random
-// operands: ATen's float32 mm; ATen's bf16 mm with `bf16` (else 0); oneMKL's
-// cblas_gemm_bf16bf16f32 (bf16 operands, float32 result; bf16_linear.h) with `mkl_bf16` where
-// libtorch_cpu.so exports it (else 0). Each the best of 5 after one warm-up, the kinds timed in
-// turn (fp32, bf16, oneMKL, fp32, ...), so that a slowdown of the machine lasting a few products
-// meets every kind rather than one of them: their ratios choose the bf16 path. Leaves the default
-// generators untouched.
+// This process's CPU GEMM rates in FLOP/s at the current thread count, n = 2048 on random operands:
+// ATen's float32 mm; ATen's bf16 mm with `bf16` (else 0); oneMKL's cblas_gemm_bf16bf16f32 (bf16
+// operands, float32 result; kernels/cpu/bf16_linear.h) with `mkl_bf16` where libtorch_cpu.so
+// exports it (else 0). Each the best of 5 after one warm-up, the kinds timed in turn (fp32, bf16,
+// oneMKL, fp32, ...), so that a slowdown of the machine lasting a few products meets every kind
+// rather than one of them: their ratios choose the bf16 path. Leaves the default generators
+// untouched.
 struct CpuGemmRates {
   double fp32 = 0, bf16 = 0, mkl_bf16 = 0;
 };
@@ -49,17 +49,17 @@ struct JobPeak {
   std::string how;         // how it was obtained, for the log
 };
 
-// Collective. CPU: on each node one rank (local rank 0) times the GEMM with usable_cpus()
-// threads (affinity and cgroup quota: the cores this node's ranks share) while the node's other
-// ranks wait, sleeping, in a barrier; the nodes' rates are summed. Where the ranks of a node are
-// bound to pairwise disjoint CPU sets (mpirun --bind-to core / socket), every rank times its own
-// cores instead, all at once, and every rank's rate is summed. CUDA: every GPU in use is
-// timed once (by the first local rank on it), all at the same moment; the rates are summed.
-// `bf16`: the GEMM in bf16 (train.precision), else fp32; on the CPU the other dtype is timed too
-// (cpu_fp32_flops, cpu_bf16_flops; bf16 only with bf16 units or when asked for), and for a
-// bf16 run on a CPU with avx512_bf16 and no AMX, MLLM_BF16_GEMM unset, oneMKL's bf16 GEMM as
-// well (cpu_mkl_bf16_flops: which one runs the products is chosen from it, bf16_linear.h). Restores this rank's thread
-// count. Throws CommError if a collective fails.
+// Collective. CPU: on each node one rank (local rank 0) times the GEMM with usable_cpus() threads
+// (affinity and cgroup quota: the cores this node's ranks share) while the node's other ranks wait,
+// sleeping, in a barrier; the nodes' rates are summed. Where the ranks of a node are bound to
+// pairwise disjoint CPU sets (mpirun --bind-to core / socket), every rank times its own cores
+// instead, all at once, and every rank's rate is summed. CUDA: every GPU in use is timed once (by
+// the first local rank on it), all at the same moment; the rates are summed. `bf16`: the GEMM in
+// bf16 (train.precision), else fp32; on the CPU the other dtype is timed too (cpu_fp32_flops,
+// cpu_bf16_flops; bf16 only with bf16 units or when asked for), and for a bf16 run on a CPU with
+// avx512_bf16 and no AMX, MLLM_BF16_GEMM unset, oneMKL's bf16 GEMM as well (cpu_mkl_bf16_flops:
+// which one runs the products is chosen from it, kernels/cpu/bf16_linear.h). Restores this rank's
+// thread count. Throws CommError if a collective fails.
 JobPeak measure_job_peak_flops(Communicator& comm, bool bf16, const torch::Device& device);
 
 }  // namespace mllm

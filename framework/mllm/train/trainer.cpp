@@ -32,7 +32,7 @@
 #include "mllm/data/atomic_file.h"
 #include "mllm/data/prepare.h"
 #include "mllm/distributed/prepare_group.h"
-#include "mllm/model/bf16_linear.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
 #include "mllm/model/generate.h"
 #include "mllm/model/loss.h"
 #include "mllm/optim/optimizer.h"

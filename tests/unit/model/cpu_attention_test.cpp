@@ -1,15 +1,15 @@
-// mllm::cpu_attention (model/cpu_attention.h), bf16 and float32: values and gradients against
+// mllm::cpu_attention (kernels/cpu/attention.h), bf16 and float32: values and gradients against
 // float64 attention computed by the formula, its dropout mask against mllm::dropout's, and
 // thread-count independence. Each test runs once per dtype where the kernel runs for it (bf16:
-// mllm's bf16 products in use, bf16_linear.h: an AMX CPU, or MLLM_BF16_GEMM=mkl or sgemm as
-// unit.model_bf16_sgemm sets it; float32: oneMKL's sgemm in libtorch_cpu.so); skipped
+// mllm's bf16 products in use, kernels/cpu/bf16_linear.h: an AMX CPU, or MLLM_BF16_GEMM=mkl or
+// sgemm as unit.model_bf16_sgemm sets it; float32: oneMKL's sgemm in libtorch_cpu.so); skipped
 // elsewhere.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "mllm/core/error.h"
-#include "mllm/model/cpu_attention.h"
+#include "mllm/kernels/cpu/attention.h"
 #include "mllm/model/dropout.h"
 
 namespace mllm {
@@ -25,7 +25,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CpuAttention, ::testing::Values(torch::kBFloat1
 #define SKIP_WITHOUT_FUSED_ATTENTION()                                                     \
   if (!cpu_attention_available(GetParam()))                                                \
   GTEST_SKIP() << "cpu_attention has no product for " << GetParam()                        \
-               << " here (bf16: mllm's bf16 products, bf16_linear.h; float32: oneMKL's sgemm)"
+               << " here (bf16: mllm's bf16 products, kernels/cpu/bf16_linear.h; "         \
+                  "float32: oneMKL's sgemm)"
 
 struct Case {
   int64_t b, t, h, kvh, hd;

@@ -1,4 +1,4 @@
-// mllm::dropout (model/dropout.h): keep rate, scaling, backward with the same mask, thread-count
+// mllm::dropout (kernels/dropout.h): keep rate, scaling, backward with the same mask, thread-count
 // independence, reproducibility from the default generator.
 #include <gtest/gtest.h>
 

@@ -15,13 +15,13 @@
 
 #include "mllm/core/error.h"
 #include "mllm/model/attention.h"
-#include "mllm/model/bf16_linear.h"
-#include "mllm/model/cpu_attention.h"
-#include "mllm/model/f32_linear.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
+#include "mllm/kernels/cpu/attention.h"
+#include "mllm/kernels/cpu/f32_linear.h"
 #include "mllm/model/llama.h"
 #include "mllm/model/loss.h"
 #include "mllm/model/minillm.h"
-#include "mllm/model/mkl_gemm.h"
+#include "mllm/kernels/cpu/mkl_gemm.h"
 #include "mllm/model/model.h"
 #include "model_test_util.h"
 
@@ -997,9 +997,9 @@ TEST(Linear, FusedLinearsReadAdjacentGradientsWithoutCopy) {
   }
 }
 
-// The float32 CPU training linear (f32_linear.h): forward values bit for bit torch::linear's
-// (and relu's of it), in grad mode and out of it; gradients against float64 within Higham's
-// bound for a float32 product (n terms: n u / (1 - n u) times the sum of the terms'
+// The float32 CPU training linear (kernels/cpu/f32_linear.h): forward values bit for bit
+// torch::linear's (and relu's of it), in grad mode and out of it; gradients against float64 within
+// Higham's bound for a float32 product (n terms: n u / (1 - n u) times the sum of the terms'
 // magnitudes); ReLU's gradient zero where the output is 0.
 TEST(Linear, Float32LinearEqualsTorchLinearAndGradientsAgainstFloat64) {
   torch::manual_seed(21);

@@ -1,4 +1,4 @@
-// mllm::dropout_add_layer_norm and mllm::rms_norm (model/norm.h): the fused float32 CPU passes
+// mllm::dropout_add_layer_norm and mllm::rms_norm (kernels/norm.h): the fused float32 CPU passes
 // against the same computation in float64 (forward and every gradient), dropout's random draws
 // against dropout_add's, thread-count independence, grad mode against no grad mode, and the
 // LibTorch composition where a fused pass does not apply.

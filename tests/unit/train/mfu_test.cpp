@@ -1,11 +1,11 @@
-// The CPU GEMM rates of train/mfu.h that choose the bf16 path (model/bf16_linear.h): what is
+// The CPU GEMM rates of train/mfu.h that choose the bf16 path (kernels/cpu/bf16_linear.h): what is
 // timed when, and that timing leaves the default generator alone.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
 #include "mllm/core/blas.h"
-#include "mllm/model/bf16_linear.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
 #include "mllm/train/mfu.h"
 
 namespace {

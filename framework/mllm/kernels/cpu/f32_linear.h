@@ -7,7 +7,7 @@
 // here the rows are filled with plain row copies and the same GEMM (alpha = beta = 1) runs over
 // them: the same values, bit for bit. Q/K/V (and SwiGLU's gate and up) are one product over the
 // concatenated weights, whose backward reads the three output gradients in place when they lie
-// side by side in one buffer (the fused CPU attention writes dq, dk, dv so: cpu_attention.h) and
+// side by side in one buffer (the fused CPU attention writes dq, dk, dv so: attention.h) and
 // gives the input gradient from one product instead of three summed.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The CPU bf16 autocast linear with a float32 weight gradient from oneMKL (bf16_linear.h).
-#include "mllm/model/bf16_linear.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
 
 #include <dlfcn.h>
 
@@ -26,9 +26,9 @@
 
 #include "mllm/core/blas.h"
 #include "mllm/core/error.h"
-#include "mllm/model/f32_linear.h"
-#include "mllm/model/mkl_gemm.h"
-#include "mllm/model/vec16.h"
+#include "mllm/kernels/cpu/f32_linear.h"
+#include "mllm/kernels/cpu/mkl_gemm.h"
+#include "mllm/kernels/cpu/vec16.h"
 
 namespace mllm {
 namespace {

@@ -1,5 +1,5 @@
-// Fused CPU attention, bf16 and float32 (cpu_attention.h).
-#include "mllm/model/cpu_attention.h"
+// Fused CPU attention, bf16 and float32 (kernels/cpu/attention.h).
+#include "mllm/kernels/cpu/attention.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,11 +13,11 @@
 #include <c10/util/BFloat16.h>
 
 #include "mllm/core/error.h"
-#include "mllm/model/bf16_linear.h"
-#include "mllm/model/dropout.h"
-#include "mllm/model/dropout_bits.h"
-#include "mllm/model/mkl_gemm.h"
-#include "mllm/model/vec16.h"
+#include "mllm/kernels/cpu/bf16_linear.h"
+#include "mllm/kernels/cpu/dropout.h"
+#include "mllm/kernels/cpu/dropout_bits.h"
+#include "mllm/kernels/cpu/mkl_gemm.h"
+#include "mllm/kernels/cpu/vec16.h"
 
 namespace mllm {
 namespace {

@@ -8,9 +8,9 @@
 // result; the oneMKL reference, "cblas_gemm_bf16bf16f32") runs it at ~2 TFLOP/s and writes the
 // float32 gradient directly: no bf16 rounding of the gradient, and no cast.
 //
-// Used by mllm::linear and mllm::linear_relu (model.h) while CPU bf16 autocast is on, in grad mode
-// and outside it. The forward pass runs on the autocast-cached bf16 weight and bias and gives
-// autocast's values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
+// Used by mllm::linear and mllm::linear_relu (kernels/linear.h) while CPU bf16 autocast is on, in
+// grad mode and outside it. The forward pass runs on the autocast-cached bf16 weight and bias and
+// gives autocast's values bit for bit: where the CPU has bf16 units, as oneDNN's fused linear
 // (mkldnn::_linear_pointwise: the bias, and the ReLU of linear_relu, applied to the float32
 // accumulator, without addmm's copy of the broadcast bias into the output and without a separate
 // ReLU pass), else ATen's linear. One exception: oneDNN's ReLU maps a NaN pre-activation to 0 where
@@ -34,7 +34,7 @@
 namespace mllm {
 
 // Which GEMM runs mllm's bf16 training products (the linear layers below and the fused
-// attention of cpu_attention.h). Decided once per process (bf16_gemm_path or choose_bf16_gemm,
+// attention of attention.h). Decided once per process (bf16_gemm_path or choose_bf16_gemm,
 // whichever comes first), from MLLM_BF16_GEMM when it is set, else from the CPU and, where the
 // trainer measured them, its GEMM rates:
 //   kMkl:   oneMKL's cblas_gemm_bf16bf16f32 from libtorch_cpu.so (the x86-64 wheels link oneMKL

@@ -1,5 +1,5 @@
 // oneMKL's float32 GEMM entry points from libtorch_cpu.so (mkl_gemm.h).
-#include "mllm/model/mkl_gemm.h"
+#include "mllm/kernels/cpu/mkl_gemm.h"
 
 #include <dlfcn.h>
 

@@ -1,5 +1,5 @@
 // Float32 linear layers on the CPU for training (f32_linear.h).
-#include "mllm/model/f32_linear.h"
+#include "mllm/kernels/cpu/f32_linear.h"
 
 #include <cstring>
 #include <optional>
