@@ -1,4 +1,7 @@
-// prepare_data: corpus -> tokenizer + train/val shards + manifest in the cache folder.
+// prepare_data: corpus -> tokenizer + train/val shards + manifest in the cache folder. Over 1,000
+// lines as one concept: the three passes of distributed preparation (docs/ARCHITECTURE.md, "Data
+// preparation") share its failure agreement between ranks, the split rule and the shard layout,
+// which must stay together to keep the output the same at any rank or thread count.
 #include "mllm/data/prepare.h"
 
 #include <fmt/format.h>
