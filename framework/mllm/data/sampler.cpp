@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "mllm/core/error.h"
@@ -113,6 +114,32 @@ void DistributedSampler::load_state(const SamplerState& s) {
   state_ = s;
 }
 
+std::vector<double> cumulative_weights(const std::vector<double>& weights) {
+  double total = 0;
+  std::vector<double> out;
+  for (double w : weights) out.push_back(total += w);
+  if (std::isfinite(total)) return out;
+  // The sum overflowed (each weight is finite, so some are near DBL_MAX): the same shares from
+  // the weights over the largest one, whose sum is at most the number of sources.
+  const double largest = *std::max_element(weights.begin(), weights.end());
+  total = 0;
+  out.clear();
+  for (double w : weights) out.push_back(total += w / largest);
+  return out;
+}
+
+std::vector<double> mixture_shares(const std::vector<double>& weights) {
+  const std::vector<double> cumulative = cumulative_weights(weights);
+  if (cumulative.empty()) return {};
+  // The scale cumulative_weights used: 1, or the largest weight where the sum overflowed.
+  const double scale = std::isfinite(std::accumulate(weights.begin(), weights.end(), 0.0))
+                           ? 1.0
+                           : *std::max_element(weights.begin(), weights.end());
+  std::vector<double> out;
+  for (double w : weights) out.push_back(w / scale / cumulative.back());
+  return out;
+}
+
 MixtureSampler::MixtureSampler(std::vector<int64_t> sizes, std::vector<double> weights,
                                int64_t global_batch, int64_t micro_batch, int rank,
                                int world_size, uint64_t seed)
@@ -126,20 +153,19 @@ MixtureSampler::MixtureSampler(std::vector<int64_t> sizes, std::vector<double> w
   if (sizes_.empty() || sizes_.size() != weights.size())
     throw ConfigError(fmt::format("mixture sampler: {} sources but {} weights", sizes_.size(),
                                   weights.size()));
-  double total = 0;
   int64_t offset = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     if (sizes_[s] < 1)
       throw ConfigError(fmt::format("data.sources[{}] holds no training sequence (data.seq_len "
                                     "too long for its text?); give it more text or drop it",
                                     s));
-    if (!(weights[s] > 0))
-      throw ConfigError(fmt::format("data.sources[{}].weight = {} must be positive", s, weights[s]));
-    total += weights[s];
-    cumulative_.push_back(total);
+    if (!(weights[s] > 0) || !std::isfinite(weights[s]))
+      throw ConfigError(fmt::format("data.sources[{}].weight = {} must be positive and finite",
+                                    s, weights[s]));
     offsets_.push_back(offset);
     offset += sizes_[s];
   }
+  cumulative_ = cumulative_weights(weights);
   drawn_.assign(sizes_.size(), 0);
   cached_epoch_.assign(sizes_.size(), -1);
   cached_perm_.resize(sizes_.size());

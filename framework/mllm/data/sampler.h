@@ -93,11 +93,20 @@ class DistributedSampler : public BatchSampler {
 // is independent of the world size, so a checkpoint resumes exactly at any world size.
 inline constexpr uint64_t kMixtureSeed = 0x4D49585455524531ull;  // "MIXTURE1"
 
+// The running sums of a mixture's weights (each > 0 and finite), the scale the draws compare
+// against. Where the sum overflows a double (weights near DBL_MAX), the sums of the weights over
+// the largest one: the same shares, a finite total. Otherwise the plain running sums.
+std::vector<double> cumulative_weights(const std::vector<double>& weights);
+// weight / sum of weights of each source, computed as the draws see it (cumulative_weights), in
+// [0, 1] and summing to 1 up to rounding, for any positive finite weights.
+std::vector<double> mixture_shares(const std::vector<double>& weights);
+
 class MixtureSampler : public BatchSampler {
  public:
-  // `sizes`: sequences per source (each >= 1); `weights`: > 0, one per source. Throws
-  // ConfigError as DistributedSampler does, and for a source without a sequence or a weight
-  // that is not positive.
+  // `sizes`: sequences per source (each >= 1); `weights`: > 0 and finite, one per source (any
+  // such weights: their sum may overflow, cumulative_weights). Throws ConfigError as
+  // DistributedSampler does, and for a source without a sequence or a weight that is not
+  // positive and finite.
   MixtureSampler(std::vector<int64_t> sizes, std::vector<double> weights, int64_t global_batch,
                  int64_t micro_batch, int rank, int world_size, uint64_t seed);
 

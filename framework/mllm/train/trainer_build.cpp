@@ -202,6 +202,9 @@ void Trainer::build_data() {
     train_sequences = train_data_->size();
   } else {
     MLLM_CHECK(paths.sources.size() == r.data.sources.size(), "prepared sources != data.sources");
+    std::vector<double> weights;
+    for (const auto& s : r.data.sources) weights.push_back(s.weight);
+    const std::vector<double> shares = mixture_shares(weights);
     for (size_t k = 0; k < paths.sources.size(); ++k) {
       source_data_.push_back(std::make_unique<TokenDataset>(paths.sources[k].train_shards,
                                                             r.data.mode, r.data.seq_len));
@@ -210,11 +213,7 @@ void Trainer::build_data() {
       train_sequences += source_data_.back()->size();
       spdlog::info("data source {} '{}': {} train sequences, weight {} ({:.1f}% of the draws)", k,
                    r.data.sources[k].name, source_data_.back()->size(), r.data.sources[k].weight,
-                   100.0 * r.data.sources[k].weight / [&] {
-                     double w = 0;
-                     for (const auto& s : r.data.sources) w += s.weight;
-                     return w;
-                   }());
+                   100.0 * shares[k]);
     }
   }
   val_data_ = std::make_unique<TokenDataset>(paths.val_shards, r.data.mode, r.data.seq_len);

@@ -208,6 +208,32 @@ TEST(MixtureSampler, DrawsFollowTheWeightsWithinSamplingError) {
   }
 }
 
+TEST(MixtureSampler, WeightsWhoseSumOverflowsKeepTheirShares) {
+  // 1e308 + 1e308 is inf in a double: before, every u * inf compared past the first running sum,
+  // every draw came from the last source, and the start-up line printed "-nan%". Shares by hand:
+  // 1/2 and 1/2; 1e308 : 5e307 is 2/3 : 1/3; 1.7e308 : 1e300 : 1.7e308 about 1/2 : 3e-9 : 1/2.
+  const std::vector<double> equal = {1e308, 1e308};
+  EXPECT_EQ(mixture_shares(equal), (std::vector<double>{0.5, 0.5}));
+  const auto thirds = mixture_shares({1e308, 5e307});
+  EXPECT_NEAR(thirds[0], 2.0 / 3.0, 1e-15);
+  EXPECT_NEAR(thirds[1], 1.0 / 3.0, 1e-15);
+  for (double c : cumulative_weights({1.7e308, 1e300, 1.7e308})) EXPECT_TRUE(std::isfinite(c));
+  // A sum that does not overflow keeps the plain running sums (the draws of earlier versions).
+  EXPECT_EQ(cumulative_weights({1, 3, 6}), (std::vector<double>{1, 4, 10}));
+  EXPECT_EQ(mixture_shares({1, 3, 6}), (std::vector<double>{0.1, 0.3, 0.6}));
+
+  auto ranks = mixture_ranks(1, {100, 100}, equal);
+  std::vector<int64_t> counts(2, 0);
+  const int64_t steps = 500, slots = steps * 16;
+  for (int64_t k = 0; k < steps; ++k)
+    for (int64_t id : global_ids(ranks)) ++counts[size_t(ranks[0].source_of(id))];
+  const double sigma = std::sqrt(slots * 0.25);  // binomial, p = 1/2
+  EXPECT_NEAR(double(counts[0]), slots * 0.5, 4 * sigma);
+  EXPECT_NEAR(double(counts[1]), slots * 0.5, 4 * sigma);
+  // A weight that is not finite is refused by name.
+  EXPECT_THROW(MixtureSampler({10, 10}, {1.0, INFINITY}, 16, 2, 0, 1, 1337), ConfigError);
+}
+
 TEST(MixtureSampler, EachSourceUsesEverySequenceOncePerEpochAndWraps) {
   const std::vector<int64_t> sizes = {7, 300};
   auto ranks = mixture_ranks(1, sizes, {1, 1});
