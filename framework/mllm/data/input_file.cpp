@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -139,12 +140,21 @@ class GzipSource : public ByteSource {
   bool mid_member_ = false;
 };
 
+constexpr int kZstdWindowLogMax = 31;  // 2 GiB: zstd --long=31
+
 class ZstdSource : public ByteSource {
  public:
   explicit ZstdSource(const std::string& path) : fd_(path), in_(kInBytes) {
     ds_ = ZSTD_createDStream();
     if (!ds_) throw Error(path + ": ZSTD_createDStream failed");
     ZSTD_initDStream(ds_);
+    // Windows up to 2 GiB (`zstd --long=31`, the largest the format allows on 64-bit), not only
+    // libzstd's default 128 MiB (ZSTD_WINDOWLOG_LIMIT_DEFAULT = 27): the window a frame declares
+    // is what decoding it needs, reserved per open file (touched only as the data fills it).
+    const size_t rc = ZSTD_DCtx_setParameter(ds_, ZSTD_d_windowLogMax, kZstdWindowLogMax);
+    if (ZSTD_isError(rc))
+      throw Error(fmt::format("{}: libzstd refused a window limit of 2^{} ({})", path,
+                              kZstdWindowLogMax, ZSTD_getErrorName(rc)));
   }
   ~ZstdSource() override { ZSTD_freeDStream(ds_); }
   int64_t disk_bytes() const override { return fd_.offset(); }
@@ -167,10 +177,16 @@ class ZstdSource : public ByteSource {
         ib_ = ZSTD_inBuffer{in_.data(), got, 0};
       }
       const size_t rc = ZSTD_decompressStream(ds_, &ob, &ib_);
-      if (ZSTD_isError(rc))
-        throw DataError(fmt::format("{}: not a valid zstd stream near byte {} ({})", fd_.path(),
-                                    fd_.offset() - int64_t(ib_.size - ib_.pos),
-                                    ZSTD_getErrorName(rc)));
+      if (ZSTD_isError(rc)) {
+        const int64_t at = fd_.offset() - int64_t(ib_.size - ib_.pos);
+        if (ZSTD_getErrorCode(rc) == ZSTD_error_frameParameter_windowTooLarge)
+          throw DataError(fmt::format(
+              "{}: a zstd frame near byte {} needs a window larger than 2^{} bytes, the most mllm "
+              "decodes ({}); compress it with --long=31 or less",
+              fd_.path(), at, kZstdWindowLogMax, ZSTD_getErrorName(rc)));
+        throw DataError(fmt::format("{}: not a valid zstd stream near byte {} (zstd: {})",
+                                    fd_.path(), at, ZSTD_getErrorName(rc)));
+      }
       mid_frame_ = rc != 0;  // 0: a frame ended (another may follow)
     }
     return ob.pos;

@@ -57,6 +57,47 @@ TEST(CompressedCorpus, GzipAndZstdReadLikeThePlainFile) {
   EXPECT_EQ(read_corpus_file(dir / "b.txt.gz", c), (Docs{"one\ntwo", "three", "four"}));
 }
 
+// What `zstd --long=31` writes for a stream of unknown size: a frame that declares a 2 GiB window
+// (window log 31, long-distance matching), which libzstd's decoder refuses by default (its limit
+// is window log 27). Compressed in two calls so that the size is not known when the frame begins.
+std::string zstd_long31(const std::string& body) {
+  ZSTD_CCtx* cx = ZSTD_createCCtx();
+  EXPECT_FALSE(ZSTD_isError(ZSTD_CCtx_setParameter(cx, ZSTD_c_windowLog, 31)));
+  EXPECT_FALSE(ZSTD_isError(ZSTD_CCtx_setParameter(cx, ZSTD_c_enableLongDistanceMatching, 1)));
+  std::string out(ZSTD_compressBound(body.size()) + 1024, '\0');
+  ZSTD_outBuffer ob{out.data(), out.size(), 0};
+  ZSTD_inBuffer ib{body.data(), body.size(), 0};
+  EXPECT_FALSE(ZSTD_isError(ZSTD_compressStream2(cx, &ob, &ib, ZSTD_e_continue)));
+  ZSTD_inBuffer none{nullptr, 0, 0};
+  size_t left = 1;
+  while (left != 0 && !ZSTD_isError(left)) left = ZSTD_compressStream2(cx, &ob, &none, ZSTD_e_end);
+  EXPECT_EQ(left, 0u);
+  ZSTD_freeCCtx(cx);
+  out.resize(ob.pos);
+  return out;
+}
+
+TEST(CompressedCorpus, ZstdLong31StreamsAreReadAndLargerWindowsNamed) {
+  TempDir dir;
+  const Docs docs = numbered_poems(300);
+  const std::string z = zstd_long31(jsonl_of(docs));
+  // The frame declares 2 GiB (RFC 8878 3.1.1.1: no single-segment flag in the header
+  // descriptor, then a window descriptor of exponent 21 and mantissa 0, window log 10 + 21).
+  ASSERT_GT(z.size(), 6u);
+  ASSERT_EQ(uint8_t(z[4]) & 0x20, 0);
+  ASSERT_EQ(uint8_t(z[5]), 21 << 3);
+  test::write_file(dir / "long.jsonl.zst", z);
+  DataConfig c;
+  EXPECT_EQ(read_corpus_file(dir / "long.jsonl.zst", c), docs);
+  // A frame header declaring a 4 GiB window (window descriptor: exponent 22, log 10 + 22), then
+  // an empty last raw block: refused with the reason, not as "not a valid zstd stream".
+  const std::string wide("\x28\xb5\x2f\xfd\x00\xb0\x01\x00\x00", 9);
+  test::write_file(dir / "wide.jsonl.zst", wide);
+  EXPECT_TRUE(throws_with<DataError>([&] { read_corpus_file(dir / "wide.jsonl.zst", c); },
+                                     {"wide.jsonl.zst", "needs a window larger than 2^31 bytes",
+                                      "--long=31"}));
+}
+
 TEST(CompressedCorpus, DamagedOrTruncatedStreamsNameTheFile) {
   TempDir dir;
   const std::string body = jsonl_of(numbered_poems(2000));
