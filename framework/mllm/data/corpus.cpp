@@ -32,9 +32,10 @@ namespace {
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-bool is_blank(std::string_view line) {
-  return line.find_first_not_of(" \t\v\f") == std::string_view::npos;
-}
+// A blank line or document: nothing but Unicode White_Space (utf8.h), so that lines of U+3000
+// (the CJK full-width space), U+00A0, U+2028 / U+2029 or lone CRs separate documents as an
+// empty line does and never become documents themselves.
+bool is_blank(std::string_view line) { return is_blank_text(line); }
 
 // Splits `bytes` into lines (without '\n' and a trailing '\r'); calls f(line, 1-based number).
 template <typename F>
@@ -429,6 +430,15 @@ void parse_piece(std::string_view text, int64_t first_line, const std::string& p
     parse_txt_chunk(text, first_line, path, cfg, docs);
 }
 
+// True for the bytes of the UTF-8 encodings of White_Space code points (is_unicode_space): ASCII
+// 0x09-0x0D and ' ', and the bytes of C2 85, C2 A0, E1 9A 80, E2 80 80-8A, E2 80 A8-A9, E2 80 AF,
+// E2 81 9F, E3 80 80. A line ending in another byte is not blank.
+bool can_be_in_space(unsigned char b) {
+  return b == ' ' || (b >= 0x09 && b <= 0x0D) || b == 0xC2 || b == 0x85 || b == 0xA0 ||
+         b == 0xE1 || b == 0x9A || b == 0xE2 || b == 0xE3 || b == 0x81 || b == 0x9F ||
+         (b >= 0x80 && b <= 0x8A) || b == 0xA8 || b == 0xA9 || b == 0xAF;
+}
+
 // The next document start at or after `from` in a plain file: a line start (for blank_line
 // documents, a line start right after a blank line); the file size when there is none.
 int64_t next_document_start(FileBytes& f, int64_t from, bool blank_line_docs) {
@@ -442,15 +452,17 @@ int64_t next_document_start(FileBytes& f, int64_t from, bool blank_line_docs) {
   int64_t p = line_start_from(from);
   if (!blank_line_docs) return p;
   while (p > 0 && p < f.size()) {
-    // Is the line that ends at p - 1 ('\n') blank? Walk back over one '\r' and blanks.
+    // Is the line that ends at p - 1 ('\n') blank (is_blank, as the reader decides)? Walk back
+    // while the bytes can belong to White_Space code points, and decide on those bytes: a line
+    // with any other byte is not blank, so a long line costs no more than its blank tail.
     int64_t q = p - 2;
-    if (q >= 0 && f.at(q) == '\r') --q;
-    while (q >= 0) {
-      const char c = f.at(q);
-      if (c != ' ' && c != '\t' && c != '\v' && c != '\f') break;
-      --q;
+    std::string tail;  // the line's last bytes, reversed
+    while (q >= 0 && f.at(q) != '\n' && can_be_in_space(static_cast<unsigned char>(f.at(q))))
+      tail.push_back(f.at(q--));
+    if (q < 0 || f.at(q) == '\n') {
+      std::reverse(tail.begin(), tail.end());
+      if (is_blank(tail)) return p;
     }
-    if (q < 0 || f.at(q) == '\n') return p;
     p = line_start_from(p + 1);
   }
   return p;

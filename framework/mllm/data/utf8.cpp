@@ -136,4 +136,26 @@ size_t utf8_complete_prefix(std::string_view s) {
   return n;
 }
 
+bool is_unicode_space(char32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
+bool is_blank_text(std::string_view s) {
+  for (size_t pos = 0; pos < s.size();) {
+    const unsigned char b = static_cast<unsigned char>(s[pos]);
+    if (b < 0x80) {  // the common case: ASCII
+      if (b != ' ' && (b < 0x09 || b > 0x0D)) return false;
+      ++pos;
+      continue;
+    }
+    char32_t cp = 0;
+    const size_t n = utf8_decode_one(s, pos, cp);
+    if (n == 0 || !is_unicode_space(cp)) return false;
+    pos += n;
+  }
+  return true;
+}
+
 }  // namespace mllm

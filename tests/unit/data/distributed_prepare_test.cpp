@@ -169,6 +169,47 @@ DataConfig config(const TempDir& dir, const std::vector<std::string>& files) {
   return c;
 }
 
+TEST(PlanSegments, UnicodeWhiteSpaceLinesAreBlankAtEverySegmentBoundary) {
+  // Blank-line documents separated by lines of U+3000, U+2028, U+2029, U+00A0, lone CRs, and
+  // their mixes; a line of U+200B (zero width space: not White_Space) and one of U+3000 with a
+  // letter are text. Every segment size, each segment read alone: the same documents, and no
+  // blank line becomes a document (before: the U+3000, U+2028 / U+2029 and "\r\r" lines did).
+  TempDir dir;
+  const std::vector<std::string> seps = {"\u3000\n", "\u2028\n", "\u2029\r\n", "\u00a0 \u3000\n",
+                                         "\r\r\n", "\t\u3000\u2028\n", "\n"};
+  std::string blocks;
+  Docs want;
+  for (int i = 0; i < 400; ++i) {
+    std::string doc;
+    for (int k = 0; k <= i % 3; ++k) {
+      std::string l = "詩" + std::to_string(i) + "." + std::to_string(k);
+      if (i % 50 == 7 && k == 0) l = "\u200b\u200b";     // not white space: text
+      if (i % 50 == 9 && k == 0) l = "\u3000a\u3000";     // white space around a letter: text
+      blocks += l + "\n";
+      doc += (k ? "\n" : "") + l;
+    }
+    blocks += seps[size_t(i) % seps.size()];
+    want.push_back(doc);
+  }
+  test::write_file(dir / "u.txt", blocks);
+  DataConfig c;
+  c.doc_separator = "blank_line";
+  for (int64_t seg : {int64_t(1), int64_t(7), int64_t(333), int64_t(1) << 30}) {
+    Docs got;
+    for (const auto& s : plan_segments({dir / "u.txt"}, c, seg))
+      stream_segments({dir / "u.txt"}, {s}, c, 2, 100, [](int, CorpusChunk&) {},
+                      [&](CorpusChunk& ch) { got.insert(got.end(), ch.docs.begin(), ch.docs.end()); });
+    EXPECT_EQ(got, want) << seg;
+  }
+  // One document per line: the white-space lines are skipped, not documents.
+  c.doc_separator = "line";
+  test::write_file(dir / "l.txt", "a\n\u3000\u3000\n\u2028\nb\n\r\r\n\u00a0\nc\n");
+  EXPECT_EQ(read_corpus_file(dir / "l.txt", c), (Docs{"a", "b", "c"}));
+  // And a .jsonl text of only white space is no document.
+  test::write_file(dir / "w.jsonl", "{\"text\": \"\u3000\u3000\"}\n{\"text\": \"x\"}\n");
+  EXPECT_EQ(read_corpus_file(dir / "w.jsonl", c), (Docs{"x"}));
+}
+
 TEST(AssignSegments, LargestFirstToTheLeastLoadedRank) {
   const auto a = assign_segments({5, 9, 1, 7, 4, 3}, 2);
   // 9 (s1) -> r0 [9]; 7 (s3) -> r1 [7]; 5 (s0) -> r1 [12]; 4 (s4) -> r0 [13]; 3 (s5) -> r1 [15];

@@ -52,6 +52,30 @@ TEST(Utf8, CompletePrefixHoldsBackAnUnfinishedCharacter) {
   EXPECT_EQ(utf8_complete_prefix("ab\xE6\x41"), 4u);    // broken sequence: not held back
 }
 
+TEST(Utf8, BlankTextIsUnicodeWhiteSpaceOnly) {
+  // Every White_Space code point of Unicode's PropList.txt is blank alone; the neighbours and
+  // look-alikes that are not White_Space (U+180E, U+200B, U+FEFF, U+001C) are not.
+  const char32_t space[] = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680,
+                            0x2000, 0x2005, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+  for (char32_t cp : space) {
+    std::string s;
+    utf8_append(s, cp);
+    EXPECT_TRUE(is_unicode_space(cp)) << uint32_t(cp);
+    EXPECT_TRUE(is_blank_text(s + s)) << uint32_t(cp);
+  }
+  for (char32_t cp : {char32_t(0x180E), char32_t(0x200B), char32_t(0xFEFF), char32_t(0x1C),
+                      char32_t(0x2081), char32_t(0x3001)}) {
+    std::string s;
+    utf8_append(s, cp);
+    EXPECT_FALSE(is_unicode_space(cp)) << uint32_t(cp);
+    EXPECT_FALSE(is_blank_text(" " + s)) << uint32_t(cp);
+  }
+  EXPECT_TRUE(is_blank_text(""));
+  EXPECT_TRUE(is_blank_text("\r\r"));
+  EXPECT_FALSE(is_blank_text(" a "));
+  EXPECT_FALSE(is_blank_text("\xe3\x80"));  // a truncated U+3000: invalid, not blank
+}
+
 TEST(Fnv1a64, MatchesPublishedTestVectors) {
   EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
   EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
