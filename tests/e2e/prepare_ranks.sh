@@ -47,6 +47,40 @@ for tok in char bpe; do
   [ $tok = char ] && want_char=$want
 done
 
+# The BPE sample is a function of the documents alone (issue 56): a two-file corpus of very
+# different document sizes (3-20 words, or 300-2,500), a sample budget far below the corpus, np
+# 1/2/3 x 1/2 threads x both file orders: one tokenizer, byte for byte. (Before, dropping a
+# document from the bounded sample freed room that a later, worse-ranked one filled, so the
+# tokenizer followed the arrival order: here -j 1 and -j 2 at np 1 already differed.) Words of
+# Latin syllables, so that a vocabulary of 800 is mostly merges, which the sample decides.
+python3 - "$WORK/mixed" <<'PY'
+import json, os, random, sys
+rng = random.Random(5)
+syll = [a + b for a in "bcdfghjklmnprstvwz" for b in ["a", "e", "i", "o", "u", "ai", "ou", "an", "en", "ing"]]
+def word(): return "".join(rng.choice(syll) for _ in range(rng.randint(1, 4)))
+os.makedirs(sys.argv[1], exist_ok=True)
+for name in ("a", "b"):
+    with open(f"{sys.argv[1]}/{name}.jsonl", "w", encoding="utf-8") as f:
+        for i in range(150):
+            n = rng.randint(3, 20) if rng.random() < 0.7 else rng.randint(300, 2500)
+            f.write(json.dumps({"text": f"{name}{i} " + " ".join(word() for _ in range(n))}) + "\n")
+PY
+tok_want=""
+for files in "$WORK/mixed/a.jsonl,$WORK/mixed/b.jsonl" "$WORK/mixed/b.jsonl,$WORK/mixed/a.jsonl"; do
+  for np in 1 2 3; do
+    for threads in 1 2; do
+      rm -rf "$WORK/t"
+      FILES=$files prepare $np $threads "$WORK/t" data.tokenizer.type=bpe data.tokenizer.vocab_size=800 \
+        data.tokenizer.sample_bytes=60000 > "$WORK/log" 2>&1 ||
+        { cat "$WORK/log"; fail "mixed sizes: np $np x $threads threads failed"; }
+      got=$(sha256sum "$WORK"/t/*/tokenizer.mllm | cut -d' ' -f1)
+      [ -n "$tok_want" ] || tok_want=$got
+      [ "$got" = "$tok_want" ] || { cat "$WORK/log"; fail "mixed sizes: np $np x $threads threads, files $files: another tokenizer"; }
+    done
+  done
+done
+echo "prepare_ranks: BPE sample of mixed document sizes: one tokenizer at np 1-3 x 1-2 threads x both file orders"
+
 # A rank killed after its first pieces: the job fails; the re-run keeps the finished pieces.
 rm -rf "$WORK/k"
 set +e

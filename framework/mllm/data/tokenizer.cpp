@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -51,13 +52,21 @@ class SampleTrainer : public TokenizerTrainer {
   void add(int worker, std::string_view document) override {
     if (int64_t(document.size()) > budget_) return;  // never fits: never sampled
     Heap& h = heaps_.at(size_t(worker));
-    h.items.push_back({sample_rank(document), std::string(document)});
+    const uint64_t rank = sample_rank(document);
+    // Ranked at or after a document already dropped: outside the prefix, whenever it arrives.
+    // (Without this, a document arriving after the drop of a better-ranked one could fit in the
+    // freed bytes and be kept, so the sample depended on the order of arrival: issue 56.)
+    if (rank >= h.cutoff) return;
+    h.items.push_back({rank, std::string(document)});
     std::push_heap(h.items.begin(), h.items.end());
     h.bytes += int64_t(document.size());
     // Keep the longest prefix of the ranking that fits: drop the worst-ranked while over budget.
+    // A dropped document d is outside the prefix for good (the documents ranked up to d already
+    // exceed the budget), and so is everything ranked after it: the cutoff falls to d's rank.
     while (h.bytes > budget_) {
       std::pop_heap(h.items.begin(), h.items.end());
       h.bytes -= int64_t(h.items.back().text.size());
+      h.cutoff = std::min(h.cutoff, h.items.back().rank);
       h.items.pop_back();
     }
   }
@@ -133,12 +142,15 @@ class SampleTrainer : public TokenizerTrainer {
     bool operator<(const Item& o) const { return rank < o.rank; }
   };
   struct Heap {
-    std::vector<Item> items;  // max-heap by rank
+    std::vector<Item> items;  // max-heap by rank: every document seen ranked before `cutoff`
     int64_t bytes = 0;
+    uint64_t cutoff = std::numeric_limits<uint64_t>::max();  // the best rank dropped so far
   };
 
-  // Each worker's heap holds the prefix of its own documents; the prefix of the union is
-  // inside the union of those. Sorted by rank.
+  // Each worker's heap holds every document of its own ranked before its cutoff, a superset of
+  // the prefix of its own documents; the prefix of the union is inside the union of those, and
+  // is a function of the documents alone (not of their order or of which worker saw which).
+  // Sorted by rank.
   std::vector<Item> local_prefix() {
     std::vector<Item> all;
     for (auto& h : heaps_)

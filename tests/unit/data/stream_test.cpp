@@ -241,6 +241,48 @@ TEST(SampleTrainer, LongestFittingPrefixOfTheRankingInRankingOrder) {
   EXPECT_TRUE(sample_of(5, 2, false).empty());   // no document fits
 }
 
+TEST(SampleTrainer, TheSampleIsTheSameForAnyArrivalOrderAndWorkers) {
+  // Documents of very different sizes (1 to ~2,000 bytes), so that a drop frees room a later,
+  // worse-ranked document could fill: the case that made the BPE differ between runs and file
+  // orders. The reference: the ranking by sample_rank, documents over the budget left out, the
+  // longest prefix that fits (docs/data.md), computed here.
+  std::mt19937 rng(11);
+  Docs docs;
+  for (int i = 0; i < 400; ++i)
+    docs.push_back("d" + std::to_string(i) + std::string(rng() % 3 ? rng() % 60 : rng() % 2000, 'x'));
+  const int64_t budget = 20000;
+  Docs ranked;
+  for (const auto& d : docs)
+    if (int64_t(d.size()) <= budget) ranked.push_back(d);
+  std::stable_sort(ranked.begin(), ranked.end(), [](const std::string& a, const std::string& b) {
+    return sample_rank(a) < sample_rank(b);
+  });
+  Docs want;
+  int64_t bytes = 0;
+  for (const auto& d : ranked) {
+    if (bytes + int64_t(d.size()) > budget) break;
+    bytes += int64_t(d.size());
+    want.push_back(d);
+  }
+  ASSERT_GT(want.size(), 10u);
+  ASSERT_LT(want.size(), docs.size() / 2);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::vector<size_t> order(docs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (trial == 1) std::reverse(order.begin(), order.end());
+    if (trial > 1) std::shuffle(order.begin(), order.end(), std::mt19937(unsigned(trial)));
+    const int threads = 1 + trial % 3;
+    Docs got;
+    auto trainer = make_sample_trainer(budget, threads, [&](const Docs& sample) {
+      got = sample;
+      return std::shared_ptr<Tokenizer>();
+    });
+    for (size_t k = 0; k < order.size(); ++k) trainer->add(int(rng() % unsigned(threads)), docs[order[k]]);
+    trainer->finish();
+    EXPECT_EQ(got, want) << "trial " << trial << ", " << threads << " worker(s)";
+  }
+}
+
 TEST(Shards, SeveralShardsReadAsOneStream) {
   TempDir dir;
   test::write_file(dir / "p.jsonl", jsonl_of(numbered_poems(400)));
