@@ -70,6 +70,9 @@ void ids_sink(void* ctx, const char* data, size_t n) {
 
 constexpr double kDefaultCoverage = 0.9995;  // sentencepiece's advice for CJK
 constexpr double kMinCoverage = 0.98;        // sentencepiece refuses less
+// The longest sentence given to sentencepiece's trainer, in bytes (its max_sentence_length; a
+// longer line is fed in pieces: BpeTokenizer::train).
+constexpr size_t kSentencePieceBytes = 4096;
 constexpr int64_t kBytePieces = 256;
 
 // Occurrence counts of the corpus's characters, most frequent first, and their total.
@@ -165,6 +168,19 @@ BpeTokenizer::~BpeTokenizer() {
   if (handle_) spm().free(handle_);
 }
 
+// The end of the training sentence that begins at d[p], in a line ending at `end`: the line's
+// end when the rest fits in kSentencePieceBytes, else after the last ' ' in the second half of
+// that many bytes, else the last UTF-8 character boundary within them (the line is valid UTF-8:
+// the reader checked it).
+static size_t sentence_piece_end(const std::string& d, size_t p, size_t end) {
+  if (end - p <= kSentencePieceBytes) return end;
+  size_t cut = p + kSentencePieceBytes;
+  const size_t space = d.rfind(' ', cut - 1);
+  if (space != std::string::npos && space >= p + kSentencePieceBytes / 2) return space + 1;
+  while (cut > p + 1 && (static_cast<unsigned char>(d[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
 std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>& documents,
                                                   int64_t vocab_size, int threads,
                                                   double character_coverage) {
@@ -172,22 +188,41 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>
     throw ConfigError(fmt::format("data.tokenizer.character_coverage = {}: expected 0 (automatic) "
                                   "or a value in [{}, 1] (sentencepiece's range)",
                                   character_coverage, kMinCoverage));
-  // Sentences = non-empty lines, pointing into `documents` (no copy).
+  // Sentences = non-empty lines, pointing into `documents` (no copy). sentencepiece's trainer
+  // skips, without a word, every sentence over max_sentence_length bytes (4,192 by default): a
+  // corpus of long lines (web pages, code, books) would train on its short lines only, or fail
+  // with "[!sentences_.empty()]" when it has none. So a longer line goes in as consecutive pieces
+  // of at most kSentencePieceBytes, cut after the last ' ' of the piece's second half where
+  // there is one (a word stays whole), else at a UTF-8 character boundary: every byte of the
+  // sample is trained on.
   std::vector<const char*> ptrs;
   std::vector<size_t> lens;
+  int64_t lines = 0, long_lines = 0, sample_bytes = 0;
   for (const auto& d : documents) {
     size_t start = 0;
     while (start <= d.size()) {
       size_t end = d.find('\n', start);
       if (end == std::string::npos) end = d.size();
       if (end > start) {
-        ptrs.push_back(d.data() + start);
-        lens.push_back(end - start);
+        ++lines;
+        sample_bytes += int64_t(end - start);
+        if (end - start > kSentencePieceBytes) ++long_lines;
+        for (size_t p = start; p < end;) {
+          const size_t cut = sentence_piece_end(d, p, end);
+          ptrs.push_back(d.data() + p);
+          lens.push_back(cut - p);
+          p = cut;
+        }
       }
       start = end + 1;
     }
   }
   if (ptrs.empty()) throw DataError("bpe tokenizer: the training corpus has no text");
+  spdlog::info("bpe tokenizer: training on the whole sample: {} document(s), {} line(s), {:.1f} MB"
+               "{}", documents.size(), lines, double(sample_bytes) / 1e6,
+               long_lines ? fmt::format(" ({} line(s) over {} bytes fed in {} pieces)", long_lines,
+                                        kSentencePieceBytes, ptrs.size() - size_t(lines - long_lines))
+                          : std::string());
   const CharStats stats = char_stats(ptrs, lens);
   const bool automatic = character_coverage == 0;
   const double coverage = automatic ? auto_coverage(stats, vocab_size) : character_coverage;
@@ -229,6 +264,8 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>
       {"add_dummy_prefix", "false"},
       {"split_digits", "true"},
       {"input_sentence_size", "0"},  // all sentences: no random sampling
+      // Every sentence is at most kSentencePieceBytes (above): none is skipped for its length.
+      {"max_sentence_length", std::to_string(kSentencePieceBytes)},
       // The model file records num_threads; a fixed value keeps it byte-identical whatever the
       // thread count (sentencepiece's BPE merge loop is single-threaded anyway).
       {"num_threads", "1"},

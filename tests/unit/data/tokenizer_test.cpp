@@ -2,6 +2,8 @@
 // fingerprints, streaming decode.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "data_test_util.h"
 #include "mllm/core/error.h"
 #include "mllm/data/bpe_tokenizer.h"
@@ -151,6 +153,53 @@ std::shared_ptr<Tokenizer> train_bpe(int threads = 1) {
   c.type = "bpe";
   c.vocab_size = 400;
   return train_tokenizer(c, bpe_corpus(), threads);
+}
+
+// Documents of Latin-syllable words: `words` words each, a line break every `per_line` words
+// (0: one line per document); `upper`: capital consonants (another alphabet's syllables).
+std::vector<std::string> word_docs(int docs, int words, int per_line, unsigned seed,
+                                   bool upper = false) {
+  std::mt19937 rng(seed);
+  const char* cons = upper ? "BCDFGHJKLMNPRSTVWZ" : "bcdfghjklmnprstvwz";
+  const char* vows[] = {"a", "e", "i", "o", "u", "ai", "ou", "an", "en", "ing"};
+  std::vector<std::string> out;
+  for (int d = 0; d < docs; ++d) {
+    std::string t;
+    for (int w = 0; w < words; ++w) {
+      if (w) t += per_line && w % per_line == 0 ? "\n" : " ";
+      for (unsigned k = 0, n = 1 + rng() % 3; k < n; ++k) t += std::string(1, cons[rng() % 18]) + vows[rng() % 10];
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+TEST(BpeTokenizer, LongLinesAreTrainedOnInPiecesNotDropped) {
+  // 40 documents of 3,000 words (~20 KB) each on one line: every line is over sentencepiece's
+  // max_sentence_length (4,192 bytes). Before, its trainer skipped them all and failed with
+  // "[!sentences_.empty()]"; mixed with short lines, it trained on the short ones only.
+  TokenizerConfig c;
+  c.type = "bpe";
+  c.vocab_size = 700;
+  const auto long_docs = word_docs(40, 3000, 0, 1);
+  for (const auto& d : long_docs) ASSERT_GT(d.size(), 4192u);
+  const auto from_long = train_tokenizer(c, long_docs, 1);
+  // The same text with a line break every 12 words: sentences sentencepiece takes whole.
+  const auto from_lines = train_tokenizer(c, word_docs(40, 3000, 12, 1), 1);
+  // Short documents of capital-consonant syllables beside a few long ones of the held-out kind:
+  // trained on the short ones only, the held-out text would be spelled in single characters.
+  auto mixed = word_docs(300, 10, 0, 7, true);
+  for (const auto& d : word_docs(10, 3000, 0, 1)) mixed.push_back(d);
+  const auto from_mixed = train_tokenizer(c, mixed, 1);
+  const auto short_only = train_tokenizer(c, word_docs(300, 10, 0, 7, true), 1);
+  // Held-out text of the long documents' kind.
+  const std::string held = word_docs(1, 3000, 0, 99)[0];
+  const double n_long = double(from_long->encode(held).size());
+  const double n_lines = double(from_lines->encode(held).size());
+  EXPECT_LT(n_long / n_lines, 1.05) << n_long << " vs " << n_lines;
+  EXPECT_GT(n_long / n_lines, 0.95) << n_long << " vs " << n_lines;
+  EXPECT_LT(1.5 * double(from_mixed->encode(held).size()), double(short_only->encode(held).size()));
+  EXPECT_EQ(from_long->decode(from_long->encode(held)), held);
 }
 
 TEST(BpeTokenizer, RoundTripsNewlinesBlankLinesCjkAndEmoji) {
