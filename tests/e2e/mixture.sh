@@ -58,6 +58,18 @@ for s in range(21, 41):
 print("mixture: 2 ranks -> 1 rank resumes with the same draws and losses")
 PY
 
+# A source's file changed (a line appended, the same name) since the checkpoint: the resume is
+# refused (exit 2) naming the file and its data.sources entry (before the tokenizer check, which
+# the new characters would fail too without saying why).
+echo '{"text": "新的一首詩"}' >> "$WORK/big.jsonl"
+set +e
+mix 1 "$WORK/w21" model.dropout=0.0 train.max_steps=50 > "$WORK/log" 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] || { cat "$WORK/log"; fail "changed source: exit $code"; }
+grep -q "$WORK/big.jsonl (data.sources\[1\] 'big'): its contents changed" "$WORK/log" ||
+  { cat "$WORK/log"; fail "changed source: the message does not name it"; }
+
 set +e
 "$MLLM_BIN/mllm-train" "$RECIPE" "run.out_dir=$WORK/bad" "$SOURCES" > "$WORK/log" 2>&1
 code=$?

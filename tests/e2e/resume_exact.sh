@@ -31,4 +31,38 @@ for s in range(11, 21):
     assert rel < 1e-4, f"step {s}: {a[s]} vs {b[s]} (rel {rel:.2e})"
 print("world-size change: steps 11-20 agree")
 PY
+# Changed data (issue 56): two lines of the corpus swapped in place (same size, same name), then a
+# resume: refused with exit 2 naming the file, nothing written; with checkpoint.allow_data_change
+# it resumes and warns. (Before: exit 0, no word, another data order.)
+cp "$CORPUS" "$WORK/corpus.jsonl"
+train 1 "$WORK/changed" "data.corpus=[$WORK/corpus.jsonl]" train.stop_at_step=5 > /dev/null 2>&1 ||
+  fail "changed data: first half"
+python3 - "$WORK/corpus.jsonl" <<'PY'
+import sys
+lines = open(sys.argv[1], "rb").read().split(b"\n")
+first = {}  # length -> index of the first line of that length
+for j, line in enumerate(lines):
+    i = first.setdefault(len(line), j)
+    if i != j and lines[i] != line:
+        lines[i], lines[j] = lines[j], lines[i]
+        break
+open(sys.argv[1], "wb").write(b"\n".join(lines))
+PY
+size=$(stat -c %s "$WORK/corpus.jsonl")
+[ "$size" -eq "$(stat -c %s "$CORPUS")" ] || fail "changed data: the swap changed the size"
+set +e
+train 1 "$WORK/changed" "data.corpus=[$WORK/corpus.jsonl]" > "$WORK/changed.log" 2>&1
+code=$?
+set -e
+[ "$code" -eq 2 ] || { cat "$WORK/changed.log"; fail "changed data: exit $code, expected 2"; }
+grep -q "the training data changed since .*step_000005 was saved" "$WORK/changed.log" &&
+  grep -q "$WORK/corpus.jsonl: its contents changed" "$WORK/changed.log" &&
+  grep -q "checkpoint.allow_data_change=true" "$WORK/changed.log" ||
+  { cat "$WORK/changed.log"; fail "changed data: the message does not name the file and the way out"; }
+[ "$(cat "$WORK/changed/checkpoints/latest")" = step_000005 ] || fail "changed data: a checkpoint was written"
+train 1 "$WORK/changed" "data.corpus=[$WORK/corpus.jsonl]" checkpoint.allow_data_change=true \
+  > "$WORK/changed.log" 2>&1 || { cat "$WORK/changed.log"; fail "changed data: allowed resume"; }
+grep -q "resuming on changed data (checkpoint.allow_data_change=true)" "$WORK/changed.log" &&
+  grep -q "resumed from" "$WORK/changed.log" || { cat "$WORK/changed.log"; fail "changed data: no warning"; }
+echo "resume_exact: changed corpus refused (exit 2, file named), resumed when allowed"
 echo PASS

@@ -128,6 +128,9 @@ struct CheckpointConfig {
   int64_t every_steps = 500;     // 0 = only at the end / on signals
   int64_t keep_last = 3;
   std::string resume = "auto";   // auto | none | PATH
+  // Resume although the corpus files' contents changed since the checkpoint (otherwise a
+  // CheckpointError names the changed files): the data order after the resume then differs.
+  bool allow_data_change = false;
 };
 
 struct EvalConfig {

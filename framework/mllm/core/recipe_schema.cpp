@@ -556,6 +556,8 @@ KeySpec recipe_schema(Recipe& r) {
           key("every_steps", r.checkpoint.every_steps, "save every N steps (0 = only at the end)", at_least(0)),
           key("keep_last", r.checkpoint.keep_last, "checkpoints kept", at_least(1)),
           key("resume", r.checkpoint.resume, "auto (latest if any) | none | PATH to a checkpoint folder"),
+          key("allow_data_change", r.checkpoint.allow_data_change, "resume although the corpus "
+              "files changed since the checkpoint (by default refused, naming them)"),
       }),
       section("eval", "validation", {
           key("every_steps", r.eval.every_steps, "evaluate every N steps (0 = only at the end)", at_least(0)),

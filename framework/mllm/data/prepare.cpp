@@ -600,7 +600,8 @@ std::string data_fingerprint(const DataConfig& cfg) {
   return data_fingerprint(cfg, one);
 }
 
-std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group) {
+std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group,
+                             std::vector<CorpusFileRecord>* records) {
   Sources src;
   std::vector<std::string>& files = src.files;
   std::string mine;
@@ -624,6 +625,12 @@ std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group) {
       hashes.at(i).size = in.u64();
       hashes.at(i).hash = in.u64();
     }
+  }
+  if (records) {
+    records->clear();
+    for (size_t k = 0; k < src.count(); ++k)
+      for (size_t i = src.first_file[k]; i < src.first_file[k + 1]; ++i)
+        records->push_back({files[i], int(k), hashes[i].size, hashes[i].hash});
   }
   return fingerprint_of(cfg, corpus_hash_of(src, hashes));
 }
@@ -669,6 +676,7 @@ PreparedData load_prepared(const DataConfig& cfg, const std::string& fp) {
   try {
     PreparedData p;
     p.dir = dir;
+    p.data_fingerprint = fp;
     p.tokenizer_path = (fs::path(dir) / manifest.at("tokenizer").get<std::string>()).string();
     p.train_shards = shard_paths(dir, manifest.at("train"));
     p.val_shards = shard_paths(dir, manifest.at("val"));
@@ -1054,7 +1062,8 @@ PreparedData ensure_prepared(const DataConfig& cfg, int threads, bool show_progr
   agree(group, attempt([&] {
           if (group.rank() == 0) check_cache_dir(cfg.cache_dir);
         }));
-  const std::string fp = data_fingerprint(cfg, group);
+  std::vector<CorpusFileRecord> records;
+  const std::string fp = data_fingerprint(cfg, group, &records);
   bool need = true;
   const Failure checked = attempt([&] {
     if (group.rank() != 0) return;
@@ -1063,10 +1072,15 @@ PreparedData ensure_prepared(const DataConfig& cfg, int threads, bool show_progr
   });
   need = agree(group, checked, need ? "1" : "0")[0] == "1";
   if (prepared) *prepared = need;
-  if (!need) return load_prepared(cfg, fp);
-  bool elsewhere = false;
-  auto out = prepare_body(cfg, fp, threads, show_progress, force, group, stats, &elsewhere);
-  if (prepared && elsewhere) *prepared = false;
+  PreparedData out;
+  if (!need) {
+    out = load_prepared(cfg, fp);
+  } else {
+    bool elsewhere = false;
+    out = prepare_body(cfg, fp, threads, show_progress, force, group, stats, &elsewhere);
+    if (prepared && elsewhere) *prepared = false;
+  }
+  out.corpus_files = std::move(records);
   return out;
 }
 

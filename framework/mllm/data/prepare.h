@@ -16,6 +16,15 @@
 
 namespace mllm {
 
+// One corpus file as the data fingerprint saw it: its path as resolved, the data.sources index
+// of its source (0 for data.corpus), its size in bytes and content_hash64 of its bytes on disk.
+struct CorpusFileRecord {
+  std::string path;
+  int source = 0;
+  uint64_t size = 0;
+  uint64_t hash = 0;
+};
+
 // A prepared cache, as its manifest lists it.
 struct PreparedData {
   std::string dir;                       // <cache_dir>/<data fingerprint>
@@ -28,6 +37,10 @@ struct PreparedData {
     std::vector<std::string> train_shards, val_shards;
   };
   std::vector<Source> sources;
+  // The data fingerprint (the folder's name) and, when ensure_prepared computed it, the corpus
+  // files it hashed: what a checkpoint records so that a resume notices changed data.
+  std::string data_fingerprint;
+  std::vector<CorpusFileRecord> corpus_files;
 };
 
 // Figures of one prepare_data() run (for mllm-prepare's closing lines); counts are of the whole
@@ -58,8 +71,10 @@ struct PrepareStats {
 // shards are read) nor prepare_memory_mb / prepare_segment_bytes (they never change the
 // output). Reads every corpus file; with a group, each rank hashes a share of the files.
 // Throws DataError when the corpus cannot be resolved or read.
+// `files` (optional): every corpus file's CorpusFileRecord, source by source, on every rank.
 std::string data_fingerprint(const DataConfig& cfg);
-std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group);
+std::string data_fingerprint(const DataConfig& cfg, PrepareGroup& group,
+                             std::vector<CorpusFileRecord>* files = nullptr);
 
 // <cfg.cache_dir>/<fingerprint>: where the data of that fingerprint is cached. No I/O.
 std::string prepared_dir(const DataConfig& cfg, const std::string& fingerprint);

@@ -251,6 +251,13 @@ std::string save_checkpoint(Communicator& comm, const std::string& checkpoints_d
                {"lr", state.lr},
                {"nonfinite_skips", state.nonfinite_skips},
                {"tokenizer_fingerprint", fmt::format("{:016x}", state.tokenizer_fingerprint)}};
+    if (!state.data_fingerprint.empty()) {
+      json files = json::array();
+      for (const auto& f : state.corpus_files)
+        files.push_back({{"path", f.path}, {"source", f.source}, {"bytes", f.size},
+                         {"hash", fmt::format("{:016x}", f.hash)}});
+      st["data"] = {{"fingerprint", state.data_fingerprint}, {"corpus_files", files}};
+    }
     write_text(tmp_dir / "state.json", st.dump(2) + "\n", injected_errno(step, tmp_dir / "state.json"));
     write_text(tmp_dir / "recipe.yaml", recipe_yaml, injected_errno(step, tmp_dir / "recipe.yaml"));
     if (!tokenizer_path.empty()) {
@@ -434,6 +441,13 @@ TrainState read_train_state(const std::string& folder) {
     s.nonfinite_skips = st.value("nonfinite_skips", int64_t{0});  // absent before 2026-12
     s.tokenizer_fingerprint = std::stoull(st.at("tokenizer_fingerprint").get<std::string>(),
                                           nullptr, 16);
+    if (st.contains("data")) {  // absent before 2026-12-07
+      s.data_fingerprint = st.at("data").at("fingerprint").get<std::string>();
+      for (const auto& f : st.at("data").at("corpus_files"))
+        s.corpus_files.push_back({f.at("path").get<std::string>(), f.at("source").get<int>(),
+                                  f.at("bytes").get<uint64_t>(),
+                                  std::stoull(f.at("hash").get<std::string>(), nullptr, 16)});
+    }
     return s;
   } catch (const json::exception& e) {
     throw CheckpointError("checkpoint file " + p.string() + " is malformed: " + e.what());

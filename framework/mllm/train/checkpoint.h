@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "mllm/core/recipe.h"
+#include "mllm/data/prepare.h"
 #include "mllm/data/sampler.h"
 #include "mllm/distributed/communicator.h"
 #include "mllm/optim/optimizer.h"
@@ -38,6 +39,11 @@ struct TrainState {
   double lr = 0;                 // lr of the last step taken (informational)
   int64_t nonfinite_skips = 0;   // updates skipped so far (train.on_nonfinite=skip)
   uint64_t tokenizer_fingerprint = 0;
+  // The data the run trained on: the data fingerprint (data/prepare.h) and its corpus files
+  // (path, data.sources index, size, content hash). Empty in checkpoints saved before
+  // 2026-12-07, whose resume then cannot check the data.
+  std::string data_fingerprint;
+  std::vector<CorpusFileRecord> corpus_files;
 };
 
 // One piece of a parameter whose AdamW state an optimizer holds: elements [begin, end) of the

@@ -121,6 +121,9 @@ class Trainer {
   void build_callbacks();
   void measure_peak();
   void resume_from(const std::string& folder);
+  // Throws CheckpointError when the corpus files changed since `saved` (naming them), unless
+  // checkpoint.allow_data_change; then warns.
+  void check_resumed_data(const std::string& folder, const TrainState& saved);
   StepMetrics train_step();
   // The end-of-run summary line (rank 0's log; every rank logs its own copy).
   void log_summary(int64_t first_step, int64_t first_tokens) const;

@@ -229,6 +229,8 @@ void Trainer::build_data() {
     }
   }
   state_.tokenizer_fingerprint = tokenizer_->fingerprint();
+  state_.data_fingerprint = paths.data_fingerprint;
+  state_.corpus_files = paths.corpus_files;
   spdlog::info("data: vocab {}, {} train sequences, {} val sequences of {} tokens ({} mode)",
                tokenizer_->vocab_size(), train_sequences, val_size_, r.data.seq_len,
                r.data.mode);

@@ -3,6 +3,7 @@
 // logged as an event), and restoring weights, optimizer, sampler and RNG state from a checkpoint.
 #include "mllm/train/trainer.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -49,7 +50,61 @@ bool changes_training_on_resume(const std::string& key) {
                            "schedule.", "train.max_steps"});
 }
 
+// What differs between the corpus files a checkpoint trained on and those of this run, one
+// line per file: changed contents (same path), files gone, files new; a mixture's lines name
+// the data.sources entry. Empty when they are the same files with the same contents.
+std::string corpus_changes(const std::vector<CorpusFileRecord>& before,
+                           const std::vector<CorpusFileRecord>& now,
+                           const std::vector<DataSource>& sources) {
+  auto where = [&](const CorpusFileRecord& f) {
+    if (sources.empty()) return f.path;
+    const std::string name = size_t(f.source) < sources.size() ? sources[size_t(f.source)].name : "";
+    return fmt::format("{} (data.sources[{}]{})", f.path, f.source,
+                       name.empty() ? "" : " '" + name + "'");
+  };
+  std::string out;
+  for (const auto& b : before) {
+    auto it = std::find_if(now.begin(), now.end(), [&](const CorpusFileRecord& n) {
+      return n.path == b.path && n.source == b.source;
+    });
+    if (it == now.end())
+      out += fmt::format("\n  {}: no longer in the corpus", where(b));
+    else if (it->size != b.size || it->hash != b.hash)
+      out += fmt::format("\n  {}: its contents changed ({} bytes, hash {:016x} at the checkpoint; "
+                         "{} bytes, hash {:016x} now)", where(b), b.size, b.hash, it->size, it->hash);
+  }
+  for (const auto& n : now)
+    if (std::none_of(before.begin(), before.end(), [&](const CorpusFileRecord& b) {
+          return n.path == b.path && n.source == b.source;
+        }))
+      out += fmt::format("\n  {}: new in the corpus", where(n));
+  return out;
+}
+
 }  // namespace
+
+// A resume on other data would go on silently with another data order (the sampler's position
+// is an index into the sequences): refused unless checkpoint.allow_data_change says it is meant.
+void Trainer::check_resumed_data(const std::string& folder, const TrainState& saved) {
+  if (saved.data_fingerprint.empty()) {
+    spdlog::info("resuming from {}: it records no data fingerprint (saved before 2026-12-07), so "
+                 "whether the corpus changed since cannot be checked", folder);
+    return;
+  }
+  if (saved.data_fingerprint == state_.data_fingerprint) return;
+  std::string changes = corpus_changes(saved.corpus_files, state_.corpus_files, recipe_.data.sources);
+  if (changes.empty())
+    changes = "\n  the same files with the same contents; the data settings differ";
+  const std::string what = fmt::format(
+      "the training data changed since {} was saved (data fingerprint {} then, {} now):{}", folder,
+      saved.data_fingerprint, state_.data_fingerprint, changes);
+  if (!recipe_.checkpoint.allow_data_change)
+    throw CheckpointError(fmt::format(
+        "cannot resume: {}\nrestore those files, or set checkpoint.allow_data_change=true to "
+        "resume on the new data (the sampler's position then points into other sequences)",
+        what));
+  spdlog::warn("resuming on changed data (checkpoint.allow_data_change=true): {}", what);
+}
 
 // The checkpoint to resume from ("" for a fresh start): rank 0 reads the folder, everyone
 // follows its answer. Refuses a recipe that changed in ways that break the run; records the
@@ -100,6 +155,7 @@ std::string Trainer::decide_resume() {
 
 void Trainer::resume_from(const std::string& folder) {
   TrainState saved = read_train_state(folder);
+  check_resumed_data(folder, saved);  // first: it names the files whose change is the cause
   if (saved.tokenizer_fingerprint != state_.tokenizer_fingerprint)
     throw CheckpointError(fmt::format(
         "cannot resume from {}: its tokenizer (fingerprint {:016x}) differs from the one in {} "
