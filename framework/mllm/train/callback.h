@@ -62,6 +62,10 @@ class Callback {
   // Once, after the Trainer is built and resumed (t.step() is the resumed step, 0 if fresh),
   // before the first step.
   virtual void on_train_begin(Trainer&) {}
+  // After the optimizer's update of `step` (not for a skipped one), before ZeRO stages 1-3
+  // start their parameter all-gathers for the next step's forward (DataParallel::
+  // all_gather_params): the first work of step + 1 that is not in step + 1's own range.
+  virtual void on_optimizer_step_end(Trainer&, int64_t /*step*/) {}
   // After every optimizer step (a skipped update too: m.skipped), with that step's metrics.
   virtual void on_step_end(Trainer&, const StepMetrics&) {}
   // After each evaluation with a finite val loss (the eval callback's, every eval.every_steps

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -33,11 +34,27 @@ class ProfilerCallback : public Callback {
         record_shapes_(r.profile.record_shapes) {}
 
   void on_train_begin(Trainer& t) override {
+    const int64_t max_steps = t.recipe().train.max_steps;
+    if (first_ > max_steps)
+      spdlog::warn("profile.steps=[{}, {}] begins after train.max_steps={}: nothing will be "
+                   "traced", first_, last_, max_steps);
+    else if (t.step() >= last_)
+      spdlog::warn("profile.steps=[{}, {}]: this run resumes at step {}, after the window; "
+                   "nothing is traced in this invocation (a trace an earlier one wrote is kept)",
+                   first_, last_, t.step());
+    else if (last_ > max_steps)
+      spdlog::warn("profile.steps=[{}, {}] ends after train.max_steps={}: the trace stops at "
+                   "step {}", first_, last_, max_steps, max_steps);
     if (t.step() + 1 >= first_ && t.step() + 1 <= last_) start(t);
+  }
+  // ZeRO stages 1-3 start the next forward's parameter all-gathers right after the update: to
+  // hold them, the window opens there, before step first's own range (stage 0 has none).
+  void on_optimizer_step_end(Trainer& t, int64_t step) override {
+    if (step == first_ - 1 && t.recipe().dist.zero_stage >= 1 && !recording_) start(t);
   }
   void on_step_end(Trainer& t, const StepMetrics& m) override {
     if (m.step == last_ && recording_) finish(t);
-    else if (m.step == first_ - 1) start(t);
+    else if (m.step == first_ - 1 && !recording_) start(t);
   }
   void on_train_end(Trainer& t, StopReason) override {
     if (recording_) finish(t);
@@ -51,7 +68,7 @@ class ProfilerCallback : public Callback {
     torch::autograd::profiler::enableProfiler(config, activities(t.device()));
     trace::start();
     recording_ = true;
-    begin_step_ = t.step() + 1;
+    begin_step_ = std::max<int64_t>(first_, t.step() + 1);
     spdlog::info("profile.steps: recording steps {}..{} (LibTorch profiler + named ranges)",
                  begin_step_, last_);
   }
@@ -61,7 +78,12 @@ class ProfilerCallback : public Callback {
     const std::vector<trace::Range> ranges = trace::stop();
     const auto result = torch::autograd::profiler::disableProfiler();
     const std::string dir = t.run_dir() + "/profile";
-    const std::string path = fmt::format("{}/rank_{:02d}.json", dir, t.comm().rank());
+    std::string path = fmt::format("{}/rank_{:02d}.json", dir, t.comm().rank());
+    // An earlier invocation's trace (a resume inside or after the window, another window) is
+    // kept: this one is named by its steps.
+    if (std::filesystem::exists(path))
+      path = fmt::format("{}/rank_{:02d}.steps_{}-{}.json", dir, t.comm().rank(), begin_step_,
+                         t.step());
     std::filesystem::create_directories(dir);
     const std::string kineto = path + ".kineto.tmp";
     result->save(kineto);

@@ -171,6 +171,7 @@ StepMetrics Trainer::train_step() {
     sync_phase("optimizer");
     trace::Scope range("optimizer");
     optimizer_->step();
+    for (auto& cb : callbacks_) cb->on_optimizer_step_end(*this, this_step);
     dp_->all_gather_params();  // stage 1: every rank's updated slices into every replica
     m.optimizer_ms = detail::ms_since(t3);
   }
