@@ -221,7 +221,8 @@ std::shared_ptr<BpeTokenizer> BpeTokenizer::train(const std::vector<std::string>
   spdlog::info("bpe tokenizer: training on the whole sample: {} document(s), {} line(s), {:.1f} MB"
                "{}", documents.size(), lines, double(sample_bytes) / 1e6,
                long_lines ? fmt::format(" ({} line(s) over {} bytes fed in {} pieces)", long_lines,
-                                        kSentencePieceBytes, ptrs.size() - size_t(lines - long_lines))
+                                        kSentencePieceBytes,
+                                        ptrs.size() - size_t(lines - long_lines))
                           : std::string());
   const CharStats stats = char_stats(ptrs, lens);
   const bool automatic = character_coverage == 0;

@@ -58,7 +58,8 @@ std::string corpus_changes(const std::vector<CorpusFileRecord>& before,
                            const std::vector<DataSource>& sources) {
   auto where = [&](const CorpusFileRecord& f) {
     if (sources.empty()) return f.path;
-    const std::string name = size_t(f.source) < sources.size() ? sources[size_t(f.source)].name : "";
+    const std::string name =
+        size_t(f.source) < sources.size() ? sources[size_t(f.source)].name : "";
     return fmt::format("{} (data.sources[{}]{})", f.path, f.source,
                        name.empty() ? "" : " '" + name + "'");
   };
@@ -71,7 +72,8 @@ std::string corpus_changes(const std::vector<CorpusFileRecord>& before,
       out += fmt::format("\n  {}: no longer in the corpus", where(b));
     else if (it->size != b.size || it->hash != b.hash)
       out += fmt::format("\n  {}: its contents changed ({} bytes, hash {:016x} at the checkpoint; "
-                         "{} bytes, hash {:016x} now)", where(b), b.size, b.hash, it->size, it->hash);
+                         "{} bytes, hash {:016x} now)",
+                         where(b), b.size, b.hash, it->size, it->hash);
   }
   for (const auto& n : now)
     if (std::none_of(before.begin(), before.end(), [&](const CorpusFileRecord& b) {
@@ -92,7 +94,8 @@ void Trainer::check_resumed_data(const std::string& folder, const TrainState& sa
     return;
   }
   if (saved.data_fingerprint == state_.data_fingerprint) return;
-  std::string changes = corpus_changes(saved.corpus_files, state_.corpus_files, recipe_.data.sources);
+  std::string changes =
+      corpus_changes(saved.corpus_files, state_.corpus_files, recipe_.data.sources);
   if (changes.empty())
     changes = "\n  the same files with the same contents; the data settings differ";
   const std::string what = fmt::format(
