@@ -6,6 +6,13 @@
     torch_reference.py train-speed --type llama|minillm --vocab V --d-model D --n-heads H
                                    [--n-kv-heads K] --n-layers L [--d-ff F] --seq-len T
                                    --micro-batch B [--steps N] [--bf16] [--sdpa] [--device cuda]
+                                   [--compile] [--profile-steps P --trace FILE]
+
+train-speed --compile runs the model through torch.compile (TorchInductor, its default mode: what
+a PyTorch user runs for speed; --compile-backend another backend); its warm-up steps include the
+compilation. --profile-steps P records P more steps after the timed ones with torch.profiler (CPU,
+and CUDA on a GPU) and writes their Chrome trace to FILE (what launch/gpu_check_report.py
+trace-kernels counts).
 
 CHECKPOINT is a checkpoint folder, or a run / checkpoints folder (its `latest` is used).
 Loads the weights of that checkpoint (model.safetensors, parsed here by the
@@ -169,9 +176,10 @@ def val_loss(args):
 
 
 def train_speed(args):
-    """The PyTorch eager baseline of a training shape: AdamW (fused on CUDA), clipping at 1.0,
-    optional bf16 autocast, random tokens in [1, vocab). One JSON line: tokens/s (median step
-    after --warmup untimed steps), peak memory, parameters, model FLOPs per token, losses."""
+    """The PyTorch baseline of a training shape, eager or with --compile: AdamW (fused on CUDA),
+    clipping at 1.0, optional bf16 autocast, random tokens in [1, vocab). One JSON line: tokens/s
+    (median step after --warmup untimed steps), peak memory, parameters, model FLOPs per token,
+    losses (the last one of the profiled steps, when there are)."""
     dev = torch.device(args.device)
     ref.LLAMA_SDPA = args.sdpa
     torch.manual_seed(0)
@@ -193,8 +201,11 @@ def train_speed(args):
                 p.zero_()
     model.to(dev).train()
     params = sum(p.numel() for p in model.parameters())
-    # mllm's convention (model.h flops_per_token): 6 x non-embedding parameters + attention.
-    flops = 6 * (params - tables) + 12 * args.n_layers * args.d_model * args.seq_len
+    forward = torch.compile(model, backend=args.compile_backend) if args.compile else model
+    # mllm's convention (model.h flops_per_token): 6 x the parameters of the matrix products
+    # (not the tables; a head tied to the token table is a product) + attention.
+    head = args.vocab * args.d_model if args.type == "llama" and args.tie else 0
+    flops = 6 * (params - tables + head) + 12 * args.n_layers * args.d_model * args.seq_len
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95),
                             fused=dev.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -202,12 +213,13 @@ def train_speed(args):
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     times, losses = [], []
-    for step in range(args.warmup + args.steps):
+
+    def train_step():
         ids = torch.randint(1, args.vocab, (args.micro_batch, args.seq_len + 1), generator=gen).to(dev)
         sync()
         t0 = time.perf_counter()
         with torch.autocast(dev.type, torch.bfloat16, enabled=args.bf16):
-            logits = model(ids[:, :-1])
+            logits = forward(ids[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, args.vocab), ids[:, 1:].reshape(-1),
                                ignore_index=PAD)
         opt.zero_grad(set_to_none=True)
@@ -216,8 +228,22 @@ def train_speed(args):
         opt.step()
         losses.append(loss.item())  # synchronises
         sync()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    t_warmup = time.perf_counter()
+    for _ in range(args.warmup):  # with --compile, the compilation happens here
+        train_step()
+    warmup_s = time.perf_counter() - t_warmup
+    for _ in range(args.steps):
+        times.append(train_step())
+    if args.profile_steps:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                train_step()
+        prof.export_chrome_trace(args.trace)
     step_s = statistics.median(times)
     tps = args.micro_batch * args.seq_len / step_s
     print(json.dumps({
@@ -225,6 +251,8 @@ def train_speed(args):
         "flops_per_token": flops, "achieved_tflops": flops * tps / 1e12,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         "loss_first": losses[0], "loss_last": losses[-1], "bf16": args.bf16, "sdpa": args.sdpa,
+        "compile": args.compile and args.compile_backend, "warmup_s": warmup_s,
+        "profiled_steps": args.profile_steps,
         "device": str(dev), "torch": torch.__version__}))
 
 
@@ -249,7 +277,15 @@ def main():
     t.add_argument("--sdpa", action="store_true", help="llama attention through F.scaled_dot_product_attention")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+    t.add_argument("--compile", action="store_true", help="the model through torch.compile")
+    t.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile's backend (aot_eager: the tracing without code generation)")
+    t.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many steps after the timed ones (needs --trace)")
+    t.add_argument("--trace", default="", help="the Chrome trace of the profiled steps")
     args = p.parse_args()
+    if getattr(args, "profile_steps", 0) and not args.trace:
+        p.error("--profile-steps needs --trace FILE")
     torch.set_num_threads(getattr(args, "threads", 0) or max(1, os.cpu_count() or 1))
     (val_loss if args.cmd == "val-loss" else train_speed)(args)
 

@@ -35,6 +35,9 @@
 #   hf_export    mllm-export of the llama_np1 checkpoint; logits of the exported folder from an
 #                independent Llama and from transformers' AutoModelForCausalLM within 1e-4
 #   speed        llama_np1's tokens/s at least the reference's; mfu: reported against 40% (info)
+#   bench        only when MLLM_GPU_CHECK_ONLY names it (launch/gpu-bench.sh): recipes/gpt2-small.yaml's
+#                shape as mllm eager, mllm with CUDA graphs, PyTorch eager and torch.compile, each
+#                with tokens/s, MFU, peak memory and kernels per step (bench_* rows, bench_summary)
 # Every training run's log must name the backend it was meant to use (nccl, mpi staged; single
 # and mpi on the CPU): a run that fell back to another fails its check. Peak GPU memory of each
 # run is sampled with nvidia-smi (the whole process, CUDA context included).
@@ -54,7 +57,7 @@
 #   tar czf $OUT/gc.tgz --exclude=checkpoints --exclude=cache-tang --exclude=hf_llama -C /tmp gc
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] || { sed -n '2,54p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 OUT=$1
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 PYTHON=${PYTHON:-python3}
@@ -70,6 +73,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 record() { "${REPORT[@]}" record "$OUT" "$@"; }
 want() { [ -z "${MLLM_GPU_CHECK_ONLY:-}" ] || [[ " $MLLM_GPU_CHECK_ONLY " == *" $1 "* ]]; }
+asked() { [[ " ${MLLM_GPU_CHECK_ONLY:-} " == *" $1 "* ]]; }  # checks left out of the default run
 on_gpu() { [ "$DEV" = cuda ]; }
 # peak_mem CMD...: runs CMD while sampling nvidia-smi; leaves the MiB it added in $PEAK_MIB.
 peak_mem() {
@@ -344,6 +348,73 @@ if want llama_np1 || want speed || want bf16_parity || want hf_export; then
   else
     record speed fail "why=\"no tokens/s from llama_np1 or the reference\""
   fi
+fi
+
+# ---- bench: the GPU throughput figures on recipes/gpt2-small.yaml (launch/gpu-bench.sh) --------
+# Only when MLLM_GPU_CHECK_ONLY names it. The same shape, one micro-batch per optimizer step, run
+# four ways: mllm eager (recipes/gpt2-small.yaml as it is, on its BPE of 50,257 pieces), mllm with
+# CUDA graphs, PyTorch eager and PyTorch torch.compile (bench/torch_reference.py, random ids of
+# the same vocabulary). Each: tokens/s (median step), MFU against mllm's measured bf16 GEMM peak,
+# peak memory (nvidia-smi: the whole process), and from a profiled window of 2 steps the device
+# kernels per step and the top kernels by time (gpu_check_report.py trace-kernels).
+if asked bench; then
+  if on_gpu; then
+    BENCH_OVR=()
+    BENCH_REF=(--d-model 768 --n-heads 12 --n-layers 12 --multiple-of 256 --tie --seq-len 1024
+               --micro-batch 16 --steps 20 --warmup 5)
+    BENCH_MB=16 BENCH_STEPS=30 BENCH_COMPILE=inductor
+  else
+    BENCH_OVR=(model.d_model=64 model.n_heads=4 model.n_kv_heads=4 model.n_layers=2 model.multiple_of=32
+               data.seq_len=64 "data.corpus=[data/tang300/tang300.jsonl]" data.val_fraction=0.1
+               data.tokenizer.type=char data.cache_dir="$OUT/cache-bench" train.threads=2)
+    BENCH_REF=(--d-model 64 --n-heads 4 --n-layers 2 --multiple-of 32 --tie --seq-len 64
+               --micro-batch 4 --steps 3 --warmup 2 --threads 2)
+    BENCH_MB=4 BENCH_STEPS=8 BENCH_COMPILE=aot_eager  # TorchInductor's C++ build: 80 s here
+  fi
+  t0=$SECONDS
+  rm -rf "${OUT:?}/bench_mllm"
+  first=$((BENCH_STEPS - 3))
+  if peak_mem "$BIN/mllm-train" recipes/gpt2-small.yaml run.out_dir="$OUT/bench_mllm" train.device=$DEV \
+       train.global_batch=$BENCH_MB train.micro_batch=$BENCH_MB train.max_steps=$BENCH_STEPS \
+       schedule.warmup_steps=5 log.every_steps=1 eval.every_steps=0 checkpoint.every_steps=0 \
+       checkpoint.resume=none sample.every_steps=0 "profile.steps=[$first,$((first + 1))]" \
+       "${BENCH_OVR[@]}" > "$OUT/bench_mllm.log" 2>&1; then
+    m=$(metrics bench_mllm || echo '{}')
+    k=$("${REPORT[@]}" trace-kernels "$OUT/bench_mllm/profile/rank_00.json" 2 || echo '{}')
+    b=$(backend bench_mllm "$NP1"); brc=$?
+    if [ $brc -eq 0 ]; then st=info; else st=fail; fi
+    record bench_mllm_eager $st "seconds=$((SECONDS - t0))" "_=$m" "peak_mib=$PEAK_MIB" "_=$k" \
+      "backend=$b"
+  else
+    record bench_mllm_eager fail "log=\"$OUT/bench_mllm.log\""
+  fi
+  record bench_mllm_graphs skipped "why=\"train.cuda_graphs is not built yet (the GPU throughput issue, item 1)\""
+  BVOCAB=$(sed -n 's/.*data: vocab \([0-9]*\),.*/\1/p' "$OUT/bench_mllm.log" | head -1)
+  BPARAMS=$(sed -n 's/.*model llama: \([0-9]*\) parameters.*/\1/p' "$OUT/bench_mllm.log" | head -1)
+  # MFU of the PyTorch runs against the same peak: the TFLOP/s mllm's start-up line measured.
+  BPEAK=$(sed -n 's/.*MFU peak \([0-9.]*\) \([GT]\)FLOP\/s.*/\1\2/p' "$OUT/bench_mllm.log" | head -1)
+  for mode in eager compile; do
+    t0=$SECONDS
+    flag=(); [ $mode = compile ] && flag=(--compile --compile-backend $BENCH_COMPILE)
+    if [ -n "$BVOCAB" ] && peak_mem "$PYTHON" bench/torch_reference.py train-speed --type llama \
+         --vocab "$BVOCAB" "${BENCH_REF[@]}" --bf16 --sdpa --device "$DEV" "${flag[@]}" \
+         --profile-steps 2 --trace "$OUT/bench_torch_$mode.trace.json" > "$OUT/bench_torch_$mode.log" 2>&1 &&
+       ref=$(grep '^{' "$OUT/bench_torch_$mode.log" | tail -1) && [ -n "$ref" ]; then
+      k=$("${REPORT[@]}" trace-kernels "$OUT/bench_torch_$mode.trace.json" 2 || echo '{}')
+      mfu=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); p=sys.argv[2]
+print(round(r["achieved_tflops"] / (float(p[:-1]) / (1e3 if p[-1] == "G" else 1)), 4) if p else "null")' \
+        "$ref" "$BPEAK")
+      # The same model as mllm's: the parameter counts must agree.
+      if [ "$(value "$ref" params)" = "$BPARAMS" ]; then st=info; else st=fail; fi
+      record "bench_torch_$mode" $st "seconds=$((SECONDS - t0))" "_=$ref" "mfu=$mfu" \
+        "peak_mib=$PEAK_MIB" "mllm_params=${BPARAMS:-null}" "_=$k"
+    else
+      record "bench_torch_$mode" fail "log=\"$OUT/bench_torch_$mode.log\""
+    fi
+  done
+  "${REPORT[@]}" bench-summary "$OUT" > "$OUT/bench_summary.json" &&
+    record bench_summary info "_=$(cat "$OUT/bench_summary.json")" ||
+    record bench_summary fail "why=\"$(cat "$OUT/bench_summary.json")\""
 fi
 
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(open(sys.argv[2]).read()); sys.exit(0 if r["passed"] else 1)' \

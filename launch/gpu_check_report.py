@@ -7,6 +7,8 @@
     gpu_check_report.py backend LOG WANT                          the backend a run's log names
     gpu_check_report.py sync-debug RUN                            a run's sync_debug.json, summed up
     gpu_check_report.py ref-value FILE KEY                        KEY of the last JSON line of FILE
+    gpu_check_report.py trace-kernels TRACE STEPS [TOP]           kernels per step of a Chrome trace
+    gpu_check_report.py bench-summary OUT                         the bench rows side by side
 
 Every subcommand that judges prints one JSON object; `compare` and `backend` exit 1 when the
 verdict is a failure, so the shell can branch on them. `record` appends to OUT/results.jsonl and
@@ -126,6 +128,73 @@ def cmd_ref_value(path, key):
     return 0 if value is not None else 1
 
 
+def cmd_trace_kernels(path, steps, top=8):
+    """What a Chrome trace of STEPS training steps (LibTorch's or torch.profiler's Kineto JSON)
+    launched on the device, per step: kernels (category "kernel"), copies and fills
+    ("gpu_memcpy", "gpu_memset"), their summed device time, and the TOP kernels by time (names cut
+    to 90 characters). On a CPU-only trace those are 0 and cpu_ops_per_step (category "cpu_op",
+    nested ops counted each) is the only count."""
+    if not os.path.exists(path):
+        print(json.dumps({"ok": False, "why": f"no {path}"}))
+        return 1
+    with open(path, encoding="utf-8") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    by_cat = {}
+    for e in events:
+        if e.get("ph") == "X":
+            by_cat.setdefault(e.get("cat", ""), []).append(e)
+    kernels = by_cat.get("kernel", [])
+    per_name = {}
+    for e in kernels:
+        t = per_name.setdefault(e["name"], [0.0, 0])
+        t[0] += float(e.get("dur", 0))
+        t[1] += 1
+    kernel_us = sum(t[0] for t in per_name.values())
+    tops = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]
+    out = {
+        "ok": True, "profiled_steps": steps,
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "copies_per_step": round(
+            (len(by_cat.get("gpu_memcpy", [])) + len(by_cat.get("gpu_memset", []))) / steps, 1),
+        "kernel_ms_per_step": round(kernel_us / 1e3 / steps, 3),
+        "cpu_ops_per_step": round(len(by_cat.get("cpu_op", [])) / steps, 1),
+        "top_kernels": [{"name": n[:90], "ms_per_step": round(t[0] / 1e3 / steps, 3),
+                         "calls_per_step": round(t[1] / steps, 1),
+                         "share": round(t[0] / kernel_us, 3) if kernel_us else None}
+                        for n, t in tops],
+    }
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_bench_summary(out):
+    """The bench check's rows of OUT/results.jsonl side by side: tokens/s, MFU and kernels per
+    step of each way the shape ran, mllm's speed over each PyTorch one's, and the MFU target of
+    the GPU throughput issue (0.40). Exit 1 when mllm's eager run or a PyTorch run is missing."""
+    rows = {r["check"]: r for r in load_rows(os.path.join(out, "results.jsonl"))}
+    ways = {"mllm_eager": "bench_mllm_eager", "mllm_graphs": "bench_mllm_graphs",
+            "torch_eager": "bench_torch_eager", "torch_compile": "bench_torch_compile"}
+    table = {}
+    for way, check in ways.items():
+        r = rows.get(check)
+        if r and r["status"] != "fail" and r.get("tokens_per_s"):
+            table[way] = {k: r.get(k)
+                          for k in ("tokens_per_s", "mfu", "kernels_per_step", "peak_mib")}
+    missing = [w for w in ("mllm_eager", "torch_eager", "torch_compile") if w not in table]
+    if missing:
+        print(json.dumps({"ok": False, "why": "no figures for " + ", ".join(missing)}))
+        return 1
+    best = max((w for w in ("mllm_eager", "mllm_graphs") if w in table),
+               key=lambda w: table[w]["tokens_per_s"])
+    ours = table[best]["tokens_per_s"]
+    print(json.dumps({"ok": True, "ways": table, "mllm_best": best,
+                      "vs_torch_eager": round(ours / table["torch_eager"]["tokens_per_s"], 3),
+                      "vs_torch_compile": round(ours / table["torch_compile"]["tokens_per_s"], 3),
+                      "mfu": table[best]["mfu"], "mfu_target": 0.40}))
+    return 0
+
+
 def parse_value(text):
     try:
         return json.loads(text)
@@ -158,7 +227,7 @@ def write_report(out, device):
              "| check | status | figures |", "|---|---|---|"]
     for r in rows:
         figures = ", ".join(f"{k} {cell(v)}" for k, v in r.items()
-                            if k not in ("check", "status", "sync_sites"))
+                            if k not in ("check", "status", "sync_sites", "top_kernels", "ways"))
         lines.append(f"| {r['check']} | {r['status']} | {figures} |")
     for r in rows:
         if r.get("sync_sites"):
@@ -166,6 +235,20 @@ def write_report(out, device):
                       "| per step | phase | LibTorch op | from |", "|---|---|---|---|"]
             for s in r["sync_sites"]:
                 lines.append(f"| {s['per_step']} | {s['phase']} | `{s['op']}` | `{s['from']}` |")
+    for r in rows:
+        if r.get("ways"):
+            lines += ["", f"## The bench shape, side by side ({r['check']})", "",
+                      "| run | tokens/s | MFU | kernels / step | peak MiB |", "|---|---|---|---|---|"]
+            for way, w in r["ways"].items():
+                lines.append(f"| {way} | {cell(w['tokens_per_s'])} | {cell(w['mfu'])} | "
+                             f"{cell(w['kernels_per_step'])} | {cell(w['peak_mib'])} |")
+    for r in rows:
+        if r.get("top_kernels"):
+            lines += ["", f"## Top kernels by time ({r['check']})", "",
+                      "| ms / step | calls / step | share | kernel |", "|---|---|---|---|"]
+            for k in r["top_kernels"]:
+                lines.append(f"| {cell(k['ms_per_step'])} | {cell(k['calls_per_step'])} | "
+                             f"{cell(k['share'])} | `{k['name']}` |")
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return report
@@ -189,7 +272,8 @@ def cmd_record(out, check, status, fields):
         f.write(json.dumps(row) + "\n")
     write_report(out, os.environ.get("MLLM_GPU_CHECK_DEVICE", "cuda"))
     print(f"gpu-check: {check}: {status} " + ", ".join(
-        f"{k} {cell(v)}" for k, v in row.items() if k not in ("check", "status", "sync_sites")),
+        f"{k} {cell(v)}" for k, v in row.items()
+        if k not in ("check", "status", "sync_sites", "top_kernels", "ways")),
         flush=True)
     return 0
 
@@ -212,6 +296,10 @@ def main(argv):
         return cmd_sync_debug(args[0])
     if cmd == "ref-value" and len(args) == 2:
         return cmd_ref_value(args[0], args[1])
+    if cmd == "bench-summary" and len(args) == 1:
+        return cmd_bench_summary(args[0])
+    if cmd == "trace-kernels" and len(args) in (2, 3):
+        return cmd_trace_kernels(args[0], int(args[1]), *(int(a) for a in args[2:]))
     print(__doc__)
     return 2
 

@@ -57,7 +57,7 @@ set +e
 set -e
 [ "$rc" -eq 2 ] || fail "an unknown recipe name gave exit $rc, not 2"
 has nosuch.log "recipe 'no_such_recipe' not found"
-has nosuch.log "$PREFIX/share/mllm/recipes (bundled: mini, poetry-all, tang-llama)"
+has nosuch.log "$PREFIX/share/mllm/recipes (bundled: gpt2-small, mini, poetry-all, tang-llama)"
 
 echo "== 2. build examples/plugin against the prefix"
 cp -r "$MLLM_SOURCE_DIR/examples/plugin" "$WORK/example"

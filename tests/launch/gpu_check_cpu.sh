@@ -84,4 +84,55 @@ assert s["status"] == "fail" and abs(s["max_loss_diff"] - 1e-3) < 1e-5 and s["wh
 assert json.load(open(f"{sys.argv[2]}/report.json"))["passed"] is False
 print("gpu_check_cpu: wrong backend and skewed loss both fail:", b["backend_np1"], s["why"])
 PY
+# ---- the bench (launch/gpu-bench.sh): sync_debug, then the four ways of the bench shape ----------
+MLLM_BIN="$MLLM_BIN" "$MLLM_SOURCE_DIR/launch/gpu-bench.sh" "$WORK/bench" > "$WORK/bench.out" 2>&1 ||
+  { cat "$WORK/bench.out"; fail "gpu-bench on the CPU did not pass"; }
+python3 - "$WORK/bench" "$MLLM_SOURCE_DIR/launch/gpu_check_report.py" <<'PY' || fail "the bench report"
+import json, re, subprocess, sys
+out, tool = sys.argv[1], sys.argv[2]
+rep = json.load(open(f"{out}/report.json"))
+by = {r["check"]: r for r in rep["checks"]}
+want = ["build", "sync_debug", "bench_mllm_eager", "bench_mllm_graphs", "bench_torch_eager",
+        "bench_torch_compile", "bench_summary"]
+assert [r["check"] for r in rep["checks"]] == want, [r["check"] for r in rep["checks"]]
+assert rep["passed"] is True, rep
+m, e, c, s = (by[k] for k in ("bench_mllm_eager", "bench_torch_eager", "bench_torch_compile", "bench_summary"))
+assert m["status"] == "info" and m["backend"]["backend"] == "single" and m["tokens_per_s"] > 0, m
+# The profiled window of mllm's run: 2 steps of CPU ops, no device kernels on the CPU.
+assert m["profiled_steps"] == 2 and m["kernels_per_step"] == 0 and m["cpu_ops_per_step"] > 50, m
+assert by["bench_mllm_graphs"]["status"] == "skipped"
+for r in (e, c):  # the same model in PyTorch: the same parameter count as mllm's log gives
+    assert r["status"] == "info" and r["params"] == r["mllm_params"] > 0 and r["tokens_per_s"] > 0, r
+    assert r["cpu_ops_per_step"] > 50 and r["profiled_steps"] == 2 and r["bf16"] is True, r
+assert e["compile"] is False and c["compile"] == "aot_eager", (e, c)  # TorchInductor on the GPU
+# MFU against mllm's measured peak: achieved TFLOP/s over the peak of mllm's start-up line.
+# The same FLOPs per token as mllm's log gives (model.h's convention), so MFU compares.
+flops = int(re.search(r"model llama: \d+ parameters, (\d+) FLOPs per token", open(f"{out}/bench_mllm.log").read())[1])
+for r in (e, c):
+    assert 0 < r["mfu"] < 1 and r["flops_per_token"] == flops, (r, flops)
+# The summary's ratios, recomputed from the rows.
+assert s["mllm_best"] == "mllm_eager" and s["mfu_target"] == 0.40, s
+assert abs(s["vs_torch_compile"] - m["tokens_per_s"] / c["tokens_per_s"]) < 1e-3, s
+assert abs(s["vs_torch_eager"] - m["tokens_per_s"] / e["tokens_per_s"]) < 1e-3, s
+md = open(f"{out}/report.md").read()
+assert "## The bench shape, side by side (bench_summary)" in md and "| torch_compile |" in md, md
+
+# trace-kernels on a hand-made CUDA trace: 2 steps, 3 kernels of known durations, a copy, a fill.
+ev = [{"ph": "X", "cat": "kernel", "name": "gemm", "dur": 30.0},
+      {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 50.0},
+      {"ph": "X", "cat": "kernel", "name": "softmax", "dur": 20.0},
+      {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "dur": 5.0},
+      {"ph": "X", "cat": "gpu_memset", "name": "Memset", "dur": 1.0},
+      {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 9.0},
+      {"ph": "i", "cat": "kernel", "name": "not a span"}]
+json.dump({"traceEvents": ev}, open(f"{out}/hand.json", "w"))
+k = json.loads(subprocess.run([sys.executable, tool, "trace-kernels", f"{out}/hand.json", "2"],
+                              capture_output=True, text=True, check=True).stdout)
+assert k["kernels_per_step"] == 1.5 and k["copies_per_step"] == 1.0 and k["cpu_ops_per_step"] == 0.5, k
+assert k["kernel_ms_per_step"] == 0.05, k  # (30 + 50 + 20) us / 2 steps
+assert [t["name"] for t in k["top_kernels"]] == ["gemm", "softmax"], k
+assert k["top_kernels"][0] == {"name": "gemm", "ms_per_step": 0.04, "calls_per_step": 1.0, "share": 0.8}, k
+print("gpu_check_cpu: bench rows", {w: v["tokens_per_s"] for w, v in s["ways"].items()})
+PY
+
 echo "gpu_check_cpu: ok"
