@@ -97,7 +97,8 @@ void Trainer::check_resumed_data(const std::string& folder, const TrainState& sa
   std::string changes =
       corpus_changes(saved.corpus_files, state_.corpus_files, recipe_.data.sources);
   if (changes.empty())
-    changes = "\n  the same files with the same contents; the data settings differ";
+    changes = "\n  the same files with the same contents: the data settings (data.*) or the "
+              "cache format of this mllm version differ";
   const std::string what = fmt::format(
       "the training data changed since {} was saved (data fingerprint {} then, {} now):{}", folder,
       saved.data_fingerprint, state_.data_fingerprint, changes);
