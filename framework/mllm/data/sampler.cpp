@@ -114,27 +114,30 @@ void DistributedSampler::load_state(const SamplerState& s) {
   state_ = s;
 }
 
+namespace {
+
+// What a mixture's weights are divided by before they are summed: 1, or, where their sum
+// overflows a double (each weight is finite, so some are near DBL_MAX), the largest weight,
+// which makes the sum at most the number of sources and keeps the shares.
+double weight_scale(const std::vector<double>& weights) {
+  if (weights.empty() || std::isfinite(std::accumulate(weights.begin(), weights.end(), 0.0)))
+    return 1.0;
+  return *std::max_element(weights.begin(), weights.end());
+}
+
+}  // namespace
+
 std::vector<double> cumulative_weights(const std::vector<double>& weights) {
+  const double scale = weight_scale(weights);
   double total = 0;
   std::vector<double> out;
-  for (double w : weights) out.push_back(total += w);
-  if (std::isfinite(total)) return out;
-  // The sum overflowed (each weight is finite, so some are near DBL_MAX): the same shares from
-  // the weights over the largest one, whose sum is at most the number of sources.
-  const double largest = *std::max_element(weights.begin(), weights.end());
-  total = 0;
-  out.clear();
-  for (double w : weights) out.push_back(total += w / largest);
+  for (double w : weights) out.push_back(total += w / scale);
   return out;
 }
 
 std::vector<double> mixture_shares(const std::vector<double>& weights) {
   const std::vector<double> cumulative = cumulative_weights(weights);
-  if (cumulative.empty()) return {};
-  // The scale cumulative_weights used: 1, or the largest weight where the sum overflowed.
-  const double scale = std::isfinite(std::accumulate(weights.begin(), weights.end(), 0.0))
-                           ? 1.0
-                           : *std::max_element(weights.begin(), weights.end());
+  const double scale = weight_scale(weights);
   std::vector<double> out;
   for (double w : weights) out.push_back(w / scale / cumulative.back());
   return out;
