@@ -152,9 +152,14 @@ class SampleTrainer : public TokenizerTrainer {
   // is a function of the documents alone (not of their order or of which worker saw which).
   // Sorted by rank.
   std::vector<Item> local_prefix() {
+    // A document one worker dropped ends the prefix for all: another worker may hold documents
+    // ranked after it that it never had to drop. Below the smallest cutoff the union is whole.
+    uint64_t cutoff = std::numeric_limits<uint64_t>::max();
+    for (const auto& h : heaps_) cutoff = std::min(cutoff, h.cutoff);
     std::vector<Item> all;
     for (auto& h : heaps_)
-      for (auto& it : h.items) all.push_back(std::move(it));
+      for (auto& it : h.items)
+        if (it.rank < cutoff) all.push_back(std::move(it));
     heaps_.assign(heaps_.size(), Heap());
     std::stable_sort(all.begin(), all.end());
     int64_t bytes = 0;
